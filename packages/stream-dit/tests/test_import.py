@@ -1,0 +1,6 @@
+import stream_dit
+
+
+def test_package_imports_with_a_version() -> None:
+    # "0.0.0" when imported from a source tree that is not installed (the GPU runner does that)
+    assert isinstance(stream_dit.__version__, str) and stream_dit.__version__

@@ -1,0 +1,56 @@
+"""Shared Triton utilities: backend dispatch, device facts, autotune helpers, and the testing and
+benchmark kits every kernel package of this workspace builds on."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from .autotune import (
+    autotune,
+    config_space,
+    next_power_of_2,
+    padded_dim,
+    prune_by_shared_memory,
+    shape_bucket,
+    tile_shared_memory,
+)
+from .backend import (
+    BACKEND_ENV_VAR,
+    BACKENDS,
+    Backend,
+    BackendUnavailableError,
+    common_device,
+    interpreter_enabled,
+    select_backend,
+    triton_available,
+    uses_triton,
+)
+from .demo import DEMO_ENTRY_POINT_GROUP, DemoResult
+from .device import DeviceFacts, device_facts
+
+try:
+    __version__ = version("triton-dispatch")
+except PackageNotFoundError:  # a source tree on PYTHONPATH
+    __version__ = "0.0.0"
+
+__all__ = [
+    "BACKENDS",
+    "BACKEND_ENV_VAR",
+    "DEMO_ENTRY_POINT_GROUP",
+    "Backend",
+    "BackendUnavailableError",
+    "DemoResult",
+    "DeviceFacts",
+    "__version__",
+    "autotune",
+    "common_device",
+    "config_space",
+    "device_facts",
+    "interpreter_enabled",
+    "next_power_of_2",
+    "padded_dim",
+    "prune_by_shared_memory",
+    "select_backend",
+    "shape_bucket",
+    "tile_shared_memory",
+    "triton_available",
+    "uses_triton",
+]

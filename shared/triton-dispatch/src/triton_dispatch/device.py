@@ -1,0 +1,88 @@
+"""Facts about a device that kernel launchers need, read once per device and cached."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache, lru_cache
+
+import torch
+
+# What the interpreter and CPU paths pretend to have: enough shared memory that pruning keeps the
+# configs a Hopper GPU would keep, so CPU tests exercise the same code paths.
+_HOST_SHARED_MEMORY = 232_448
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """Static properties of one device.
+
+    Attributes:
+        name: the device's marketing name (``"cpu"`` for the host).
+        capability: CUDA compute capability ``(major, minor)``; ``(0, 0)`` for the host.
+        sm_count: streaming multiprocessors (CPU cores for the host).
+        shared_memory_per_block: the most shared memory one program may use, in bytes, opt-in
+            limit included (what Triton compares its kernels against).
+        total_memory: device memory in bytes (0 when unknown).
+    """
+
+    name: str
+    capability: tuple[int, int]
+    sm_count: int
+    shared_memory_per_block: int
+    total_memory: int
+
+    @property
+    def is_hopper_or_newer(self) -> bool:
+        return self.capability >= (9, 0)
+
+
+@cache
+def _cuda_facts(index: int) -> DeviceFacts:
+    props = torch.cuda.get_device_properties(index)
+    smem = getattr(props, "shared_memory_per_block_optin", 0) or 0
+    if not smem:
+        try:  # Triton's driver reports the opt-in limit on every torch version
+            from triton.runtime import driver
+
+            smem = int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+        except Exception:
+            smem = 49_152
+    return DeviceFacts(
+        name=props.name,
+        capability=(props.major, props.minor),
+        sm_count=props.multi_processor_count,
+        shared_memory_per_block=int(smem),
+        total_memory=int(props.total_memory),
+    )
+
+
+@lru_cache(maxsize=1)
+def _host_facts() -> DeviceFacts:
+    return DeviceFacts(
+        name="cpu",
+        capability=(0, 0),
+        sm_count=os.cpu_count() or 1,
+        shared_memory_per_block=_HOST_SHARED_MEMORY,
+        total_memory=0,
+    )
+
+
+def device_facts(device: torch.device | str | int | None = None) -> DeviceFacts:
+    """Cached :class:`DeviceFacts` of ``device`` (a CUDA device, or the host for anything else).
+
+    ``None`` means the current CUDA device when CUDA is available, else the host.
+    """
+    if device is None:
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else "cpu"
+        )
+    if isinstance(device, int):
+        device = torch.device("cuda", device)
+    device = torch.device(device)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _cuda_facts(index)
+    return _host_facts()

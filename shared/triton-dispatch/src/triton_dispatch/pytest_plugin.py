@@ -1,0 +1,90 @@
+"""Pytest plugin shared by the workspace's test suites.
+
+Load it with ``-p triton_dispatch.pytest_plugin`` or ``pytest_plugins = [...]`` in a root
+``conftest.py``. On import it sets ``TRITON_INTERPRET=1`` when no CUDA device is present, before any
+kernel module imports Triton, so kernels run in the interpreter on CPU tensors. It registers the
+``gpu`` and ``slow`` markers, skips ``gpu`` tests without CUDA, and provides the ``seed`` and ``rng``
+fixtures: fresh random inputs each session, reproducible with ``--seed N``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+if "TRITON_INTERPRET" not in os.environ and not _cuda_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--seed",
+        type=int,
+        default=None,
+        help="session seed for random test inputs (default: fresh each run; printed in the header)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "slow: long-running; deselect with -m 'not slow'")
+    seed = config.getoption("--seed")
+    if seed is None:
+        seed = int(
+            os.environ.get("TRITON_DISPATCH_TEST_SEED", random.SystemRandom().randrange(2**31))
+        )
+    config.stash[_SEED_KEY] = seed
+
+
+_SEED_KEY = pytest.StashKey[int]()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from .backend import interpreter_enabled
+
+    mode = (
+        "Triton interpreter (CPU)"
+        if interpreter_enabled()
+        else ("CUDA" if _cuda_available() else "torch only")
+    )
+    return f"triton-dispatch: kernels via {mode}; random inputs --seed {config.stash[_SEED_KEY]}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """A per-test seed derived from the session seed and the test's id."""
+    from .testing import seed_for
+
+    return seed_for(request.config.stash[_SEED_KEY], request.node.nodeid)
+
+
+@pytest.fixture
+def rng(seed: int):
+    """A CPU ``torch.Generator`` seeded with :func:`seed`."""
+    from .testing import generator
+
+    return generator(seed)
+
+
+@pytest.fixture
+def device() -> str:
+    """``"cuda"`` when a GPU is present, else ``"cpu"`` (where kernels run in the interpreter)."""
+    return "cuda" if _cuda_available() else "cpu"

@@ -1,0 +1,76 @@
+import json
+
+import pytest
+import torch
+
+from triton_dispatch import DeviceFacts, device_facts
+from triton_dispatch.bench import (
+    BenchRecord,
+    compare,
+    environment,
+    format_table,
+    median_ms,
+    write_json,
+)
+
+
+def test_host_facts_are_cached():
+    facts = device_facts("cpu")
+    assert isinstance(facts, DeviceFacts) and facts.capability == (0, 0)
+    assert facts is device_facts(torch.device("cpu")) and facts.shared_memory_per_block > 0
+
+
+def test_median_on_host_is_positive():
+    assert median_ms(lambda: sum(range(1000)), warmup=5, rep=30) > 0
+
+
+def test_compare_records_ratio_and_survives_a_failing_baseline(tmp_path):
+    def broken():
+        raise MemoryError("too big")
+
+    rec = compare(
+        "sum",
+        {"n": 10},
+        ours=lambda: torch.ones(10).sum(),
+        baseline=broken,
+        baseline_name="boom",
+        warmup=5,
+        rep=30,
+    )
+    assert (
+        rec.baseline_ms is None
+        and rec.ratio is None
+        and "MemoryError" in rec.extra["baseline_error"]
+    )
+    ok = BenchRecord("x", {"n": 1}, "einsum", baseline_ms=2.0, ours_ms=0.5)
+    assert ok.ratio == 4.0
+    table = format_table([rec, ok])
+    assert "4.00x" in table and "einsum" in table
+    path = write_json([ok], tmp_path / "r.json", meta={"command": "python bench.py"})
+    data = json.loads(path.read_text())
+    assert data["records"][0]["ratio"] == 4.0 and data["meta"]["command"] == "python bench.py"
+
+
+def test_environment_has_versions():
+    env = environment("cpu")
+    assert {"device", "torch", "triton", "date"} <= set(env)
+
+
+@pytest.mark.gpu
+def test_cuda_facts_and_timing():
+    facts = device_facts(0)
+    assert (
+        facts.capability >= (7, 0)
+        and facts.sm_count > 0
+        and facts.shared_memory_per_block >= 48 * 1024
+    )
+    x = torch.randn(1 << 20, device="cuda")
+    rec = compare(
+        "copy",
+        {"n": x.numel()},
+        ours=lambda: x * 2,
+        baseline=lambda: x.clone(),
+        baseline_name="clone",
+        device="cuda",
+    )
+    assert rec.ours_ms > 0 and rec.ours_peak_bytes >= 4 << 20

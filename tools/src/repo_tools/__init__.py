@@ -1,0 +1,1 @@
+"""Workspace tooling: the ``demo`` runner and the ``release`` helper."""

@@ -1,0 +1,86 @@
+"""``uv run demo``: run the demo of every installed workspace package, one summary line each.
+
+Packages are found, not listed: every installed distribution that depends on ``triton-dispatch`` is
+a kernel package, and its demo is whatever it registers under the ``triton_dispatch.demos``
+entry-point group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+import traceback
+from importlib import metadata
+from pathlib import Path
+
+from triton_dispatch import DEMO_ENTRY_POINT_GROUP, DemoResult
+
+_REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def kernel_packages() -> list[str]:
+    """Names of installed distributions that depend on triton-dispatch, sorted."""
+    found = set()
+    for dist in metadata.distributions():
+        for req in dist.requires or []:
+            match = _REQUIREMENT_NAME.match(req)
+            if match and _normalise(match.group(1)) == "triton-dispatch" and "extra ==" not in req:
+                name = _normalise(dist.metadata["Name"])
+                if name != "repo-tools":
+                    found.add(name)
+    return sorted(found)
+
+
+def registered_demos() -> dict[str, metadata.EntryPoint]:
+    eps = metadata.entry_points(group=DEMO_ENTRY_POINT_GROUP)
+    return {_normalise(ep.name): ep for ep in eps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--output-dir", type=Path, default=Path("demo-output"), help="where demos write files")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these packages")
+    args = parser.parse_args(argv)
+
+    demos = registered_demos()
+    packages = sorted(set(kernel_packages()) | set(demos))
+    if args.only:
+        wanted = {_normalise(n) for n in args.only}
+        packages = [p for p in packages if p in wanted]
+    failures = 0
+    width = max((len(p) for p in packages), default=0)
+    for name in packages:
+        label = name.ljust(width)
+        ep = demos.get(name)
+        if ep is None:
+            print(f"{label}  no demo yet")
+            continue
+        out_dir = args.output_dir / name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        try:
+            result = ep.load()(out_dir)
+            if not isinstance(result, DemoResult):
+                raise TypeError(f"{ep.value} returned {type(result).__name__}, expected DemoResult")
+        except Exception:  # noqa: BLE001 - one failing demo must not hide the others
+            failures += 1
+            print(f"{label}  FAILED after {time.perf_counter() - start:.1f} s", flush=True)
+            traceback.print_exc()
+            continue
+        where = f" -> {out_dir}" if result.outputs else ""
+        print(
+            f"{label}  {result.summary} | backend={result.backend} | {result.key_figure} | "
+            f"{time.perf_counter() - start:.1f} s{where}",
+            flush=True,
+        )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
