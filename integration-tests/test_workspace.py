@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import importlib
 import re
-import tomllib
 from importlib import metadata
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = sorted(p for p in (ROOT / "packages").iterdir() if (p / "pyproject.toml").is_file())
@@ -25,10 +25,16 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 @pytest.mark.parametrize("folder", PACKAGES, ids=lambda p: p.name)
 def test_package_depends_on_triton_dispatch_by_range(folder):
-    deps = [d for d in _project(folder)["dependencies"] if d.replace("_", "-").startswith("triton-dispatch")]
+    deps = [
+        d
+        for d in _project(folder)["dependencies"]
+        if d.replace("_", "-").startswith("triton-dispatch")
+    ]
     assert len(deps) == 1, f"{folder.name} must depend on triton-dispatch exactly once"
     spec = deps[0]
-    assert ">=" in spec and "<" in spec.replace("<=", ""), f"{folder.name}: use a version range, got {spec!r}"
+    assert ">=" in spec and "<" in spec.replace("<=", ""), (
+        f"{folder.name}: use a version range, got {spec!r}"
+    )
     lower = re.search(r">=\s*([\d.]+)", spec).group(1)
     upper = re.search(r"<\s*([\d.]+)", spec).group(1)
     installed = _version_tuple(metadata.version("triton-dispatch"))

@@ -39,12 +39,23 @@ def environment() -> dict[str, str]:
 
 
 def run_tests(out: Path, env: dict[str, str], pytest_args: list[str], timeout: int) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider",
-           f"--junitxml={out / 'pytest.xml'}", *pytest_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-rfEs",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={out / 'pytest.xml'}",
+        *pytest_args,
+    ]
     start = time.perf_counter()
     with open(out / "pytest.log", "w") as log:
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+            proc = subprocess.run(
+                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
+            )
             code = proc.returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
@@ -58,13 +69,17 @@ def benchmark_scripts(only: set[str] | None) -> list[tuple[str, Path]]:
     for pkg in folders:
         if only and pkg.name not in only:
             continue
-        for script in sorted((pkg / "benchmarks").glob("*.py")) if (pkg / "benchmarks").is_dir() else []:
+        for script in (
+            sorted((pkg / "benchmarks").glob("*.py")) if (pkg / "benchmarks").is_dir() else []
+        ):
             if not script.name.startswith("_"):
                 found.append((pkg.name, script))
     return found
 
 
-def run_benchmarks(out: Path, env: dict[str, str], only: set[str] | None, quick: bool, timeout: int) -> list[dict]:
+def run_benchmarks(
+    out: Path, env: dict[str, str], only: set[str] | None, quick: bool, timeout: int
+) -> list[dict]:
     scratch = out / "bench-parts"
     scratch.mkdir(exist_ok=True)
     results = []
@@ -73,15 +88,24 @@ def run_benchmarks(out: Path, env: dict[str, str], only: set[str] | None, quick:
         cmd = [sys.executable, str(script), "--out", str(part)] + (["--quick"] if quick else [])
         start = time.perf_counter()
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(
+                cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+            )
             status, text = proc.returncode, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as exc:
             status, text = "timeout", f"{exc.stdout or ''}{exc.stderr or ''}"
         print(f"--- {pkg}/{script.name} (exit {status}, {time.perf_counter() - start:.1f} s)")
         print(text[-6000:] if isinstance(text, str) else text)
         records = json.loads(part.read_text()) if part.is_file() else {"records": []}
-        results.append({"package": pkg, "script": script.name, "exit": status,
-                        "seconds": round(time.perf_counter() - start, 1), **records})
+        results.append(
+            {
+                "package": pkg,
+                "script": script.name,
+                "exit": status,
+                "seconds": round(time.perf_counter() - start, 1),
+                **records,
+            }
+        )
         part.unlink(missing_ok=True)
     scratch.rmdir()
     return results
@@ -96,7 +120,7 @@ def device_line() -> str:
 
             return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}"
         return f"no CUDA device, torch {torch.__version__}"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"torch unavailable: {exc}"
 
 
@@ -108,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
     parser.add_argument("--test-timeout", type=int, default=300)
-    parser.add_argument("--bench-timeout", type=int, default=240, help="seconds per benchmark script")
+    parser.add_argument(
+        "--bench-timeout", type=int, default=240, help="seconds per benchmark script"
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -127,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         bench = run_benchmarks(args.out, env, only, args.quick, args.bench_timeout)
         (args.out / "benchmarks.json").write_text(json.dumps(bench, indent=2, default=str))
         summary["benchmarks"] = [
-            {k: b[k] for k in ("package", "script", "exit", "seconds")} | {"records": len(b.get("records", []))}
+            {k: b[k] for k in ("package", "script", "exit", "seconds")}
+            | {"records": len(b.get("records", []))}
             for b in bench
         ]
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
@@ -138,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         t = summary["tests"]
         print(f"tests    exit={t['exit']}  {t['seconds']} s  {t['result']}")
     for b in summary.get("benchmarks", []):
-        print(f"bench    {b['package']}/{b['script']}: exit={b['exit']} records={b['records']} {b['seconds']} s")
+        print(
+            f"bench    {b['package']}/{b['script']}: exit={b['exit']} records={b['records']} {b['seconds']} s"
+        )
     failed = ("tests" in summary and summary["tests"]["exit"] != 0) or any(
         b["exit"] != 0 for b in summary.get("benchmarks", [])
     )

@@ -4,7 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from repo_tools.release import ReleaseError, bump, bumped, check_changelog, package_dir, workspace_root
+from repo_tools.release import (
+    ReleaseError,
+    bump,
+    bumped,
+    check_changelog,
+    package_dir,
+    workspace_root,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -19,14 +26,29 @@ def test_bumped():
 
 def test_every_package_has_a_changelog_entry_for_its_version():
     root = workspace_root(ROOT)
-    for name in ["triton-dispatch", "late-interaction-kernels", "vq-kernels", "tomo-kplanes", "stream-dit"]:
+    for name in [
+        "triton-dispatch",
+        "late-interaction-kernels",
+        "vq-kernels",
+        "tomo-kplanes",
+        "stream-dit",
+    ]:
         folder = package_dir(root, name)
-        check_changelog(folder, __import__("tomllib").loads((folder / "pyproject.toml").read_text())["project"]["version"])
+        check_changelog(
+            folder,
+            __import__("tomllib").loads((folder / "pyproject.toml").read_text())["project"][
+                "version"
+            ],
+        )
 
 
 def _copy(tmp_path: Path) -> Path:
     folder = tmp_path / "pkg"
-    shutil.copytree(package_dir(ROOT, "vq-kernels"), folder, ignore=shutil.ignore_patterns("tests", "src", "benchmarks"))
+    shutil.copytree(
+        package_dir(ROOT, "vq-kernels"),
+        folder,
+        ignore=shutil.ignore_patterns("tests", "src", "benchmarks"),
+    )
     return folder
 
 
@@ -39,7 +61,11 @@ def test_bump_needs_release_notes(tmp_path):
 def test_bump_moves_unreleased_notes_and_sets_version(tmp_path):
     folder = _copy(tmp_path)
     changelog = folder / "CHANGELOG.md"
-    changelog.write_text(changelog.read_text().replace("## [Unreleased]\n", "## [Unreleased]\n\n### Fixed\n- a bug\n"))
+    changelog.write_text(
+        changelog.read_text().replace(
+            "## [Unreleased]\n", "## [Unreleased]\n\n### Fixed\n- a bug\n"
+        )
+    )
     old = __import__("tomllib").loads((folder / "pyproject.toml").read_text())["project"]["version"]
     new = bump(folder, "minor", today=dt.date(2030, 1, 2))
     assert new == bumped(old, "minor")

@@ -1,6 +1,6 @@
 """Smoke benchmark of the stack: the autotuned atomic ``column_sums`` kernel vs ``x.sum(0)``.
 
-    python shared/triton-dispatch/benchmarks/column_sums.py --out results.json
+python shared/triton-dispatch/benchmarks/column_sums.py --out results.json
 """
 
 from __future__ import annotations
@@ -22,8 +22,14 @@ def main() -> None:
     for rows, cols in shapes:
         x = torch.randn(rows, cols, device=args.device)
         records.append(
-            compare("column_sums", {"rows": rows, "cols": cols}, ours=lambda: column_sums(x),
-                    baseline=lambda: x.sum(0), baseline_name="torch.sum(0)", device=args.device)
+            compare(
+                "column_sums",
+                {"rows": rows, "cols": cols},
+                ours=lambda: column_sums(x),
+                baseline=lambda: x.sum(0),
+                baseline_name="torch.sum(0)",
+                device=args.device,
+            )
         )
     report(records, args.out, meta={"command": " ".join(sys.argv)})
 

@@ -44,7 +44,9 @@ def registered_demos() -> dict[str, metadata.EntryPoint]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--output-dir", type=Path, default=Path("demo-output"), help="where demos write files")
+    parser.add_argument(
+        "--output-dir", type=Path, default=Path("demo-output"), help="where demos write files"
+    )
     parser.add_argument("--only", nargs="*", default=None, help="run only these packages")
     args = parser.parse_args(argv)
 
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             result = ep.load()(out_dir)
             if not isinstance(result, DemoResult):
                 raise TypeError(f"{ep.value} returned {type(result).__name__}, expected DemoResult")
-        except Exception:  # noqa: BLE001 - one failing demo must not hide the others
+        except Exception:
             failures += 1
             print(f"{label}  FAILED after {time.perf_counter() - start:.1f} s", flush=True)
             traceback.print_exc()

@@ -15,11 +15,14 @@ import datetime as _dt
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
+
 _VERSION_LINE = re.compile(r'^(version\s*=\s*")([^"]+)(")', re.MULTILINE)
-_UNRELEASED = re.compile(r"^## \[Unreleased\]\s*\n(?P<body>.*?)(?=^## \[|\Z)", re.MULTILINE | re.DOTALL)
+_UNRELEASED = re.compile(
+    r"^## \[Unreleased\]\s*\n(?P<body>.*?)(?=^## \[|\Z)", re.MULTILINE | re.DOTALL
+)
 
 
 class ReleaseError(RuntimeError):
@@ -30,18 +33,24 @@ def workspace_root(start: Path | None = None) -> Path:
     here = (start or Path.cwd()).resolve()
     for folder in (here, *here.parents):
         pyproject = folder / "pyproject.toml"
-        if pyproject.is_file() and "tool" in (data := tomllib.loads(pyproject.read_text())):
-            if "workspace" in data["tool"].get("uv", {}):
+        if pyproject.is_file():
+            data = tomllib.loads(pyproject.read_text())
+            if "workspace" in data.get("tool", {}).get("uv", {}):
                 return folder
     raise ReleaseError("not inside the uv workspace (no pyproject.toml with [tool.uv.workspace])")
 
 
 def package_dir(root: Path, name: str) -> Path:
-    members = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["uv"]["workspace"]["members"]
+    members = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["uv"]["workspace"][
+        "members"
+    ]
     for pattern in members:
         for folder in sorted(root.glob(pattern)):
             pyproject = folder / "pyproject.toml"
-            if pyproject.is_file() and tomllib.loads(pyproject.read_text())["project"]["name"] == name:
+            if (
+                pyproject.is_file()
+                and tomllib.loads(pyproject.read_text())["project"]["name"] == name
+            ):
                 return folder
     raise ReleaseError(f"no workspace package named {name!r}")
 
@@ -82,7 +91,11 @@ def bump(folder: Path, part: str, *, today: _dt.date | None = None) -> str:
     if match is None or not match.group("body").strip():
         raise ReleaseError(f"{changelog}: write the release notes under '## [Unreleased]' first")
     date = (today or _dt.date.today()).isoformat()
-    text = text[: match.start()] + f"## [Unreleased]\n\n## [{new}] - {date}\n\n{match.group('body')}" + text[match.end() :]
+    text = (
+        text[: match.start()]
+        + f"## [Unreleased]\n\n## [{new}] - {date}\n\n{match.group('body')}"
+        + text[match.end() :]
+    )
     pyproject = folder / "pyproject.toml"
     source = pyproject.read_text()
     updated, count = _VERSION_LINE.subn(rf"\g<1>{new}\g<3>", source, count=1)
@@ -94,7 +107,9 @@ def bump(folder: Path, part: str, *, today: _dt.date | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="release", description="bump, check and build one package")
+    parser = argparse.ArgumentParser(
+        prog="release", description="bump, check and build one package"
+    )
     parser.add_argument("name", help="the package's distribution name, e.g. vq-kernels")
     parser.add_argument("--bump", choices=["major", "minor", "patch"], help="bump the version")
     parser.add_argument("--check", action="store_true", help="only check the CHANGELOG entry")
@@ -108,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.name} {version}: CHANGELOG entry present")
         if args.build:
             out = root / "dist" / args.name
-            subprocess.run(["uv", "build", "--package", args.name, "--out-dir", str(out)], check=True, cwd=root)
+            subprocess.run(
+                ["uv", "build", "--package", args.name, "--out-dir", str(out)], check=True, cwd=root
+            )
             print(f"built into {out}")
     except (ReleaseError, subprocess.CalledProcessError) as exc:
         print(f"release: {exc}", file=sys.stderr)
