@@ -56,14 +56,20 @@ def median_ms(
     return statistics.median(times)
 
 
-def peak_memory_bytes(fn: Callable[[], Any], *, device: torch.device | str = "cpu") -> int | None:
+def peak_memory_bytes(
+    fn: Callable[[], Any], *, device: torch.device | str = "cpu", warm: bool = True
+) -> int | None:
     """Peak device memory that one call of ``fn`` allocates above what was allocated before it.
 
-    ``None`` on the host, where torch keeps no allocator statistics.
+    With ``warm`` (the default) ``fn`` runs once first, so autotuning and compilation, which
+    allocate benchmark buffers of their own, are not counted. ``None`` on the host, where torch
+    keeps no allocator statistics.
     """
     device = torch.device(device)
     if device.type != "cuda":
         return None
+    if warm:
+        fn()  # compile and autotune first: their scratch buffers are not the op's memory
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated(device)
