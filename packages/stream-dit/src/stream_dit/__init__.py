@@ -7,4 +7,27 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0"
 
-__all__ = ["__version__"]
+from .curves import Curve
+from .engines import Engine, TorchEngine, derive_depth
+from .model import DenoiserAdapter, DiT1D, DiTConfig, build_model
+from .request import Request
+from .schedule import flow_schedule
+from .session import Handle, QueueFullError, Status, StreamSession
+
+__all__ = [
+    "Curve",
+    "DenoiserAdapter",
+    "DiT1D",
+    "DiTConfig",
+    "Engine",
+    "Handle",
+    "QueueFullError",
+    "Request",
+    "Status",
+    "StreamSession",
+    "TorchEngine",
+    "__version__",
+    "build_model",
+    "derive_depth",
+    "flow_schedule",
+]

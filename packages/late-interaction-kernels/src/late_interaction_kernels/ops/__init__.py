@@ -1,0 +1,1 @@
+"""Operations of late-interaction scoring, one folder per op."""

@@ -1,0 +1,274 @@
+"""Triton forward kernel of MaxSim: one program per (pair, query chunk).
+
+A program loads a block of query tokens once, streams the document's tokens in ``BLOCK_D`` tiles
+through ``tl.dot`` with fp32 accumulation, and keeps a running max (and, only when gradients are
+needed, the running argmax) per query token. Queries longer than :data:`LONG_QUERY_THRESHOLD`
+tokens are split into fixed :data:`QUERY_CHUNK`-token chunks scored by separate programs and summed
+afterwards (exact, deterministic), so long queries fill the GPU and tune under one cache key.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_dispatch import (
+    autotune,
+    config_space,
+    interpreter_enabled,
+    padded_dim,
+    shape_bucket,
+    tile_shared_memory,
+)
+from triton_dispatch.autotune import prune_by_shared_memory
+
+from .buffers import output_buffer
+from .layout import ALL_PAIRS, GROUPED, VARLEN, num_pairs
+
+#: Queries longer than this are scored in chunks of :data:`QUERY_CHUNK` tokens.
+LONG_QUERY_THRESHOLD = 512
+QUERY_CHUNK = 128
+
+
+def _fwd_smem(kw, num_stages, args) -> int:
+    elem = args["Q"].element_size()
+    return tile_shared_memory(
+        (kw["BLOCK_Q"], args["BLOCK_K"]),
+        (args["BLOCK_K"], kw["BLOCK_D"]),
+        element_size=elem,
+        num_stages=num_stages,
+    )
+
+
+def prune_query_blocks(configs, named_args, **kwargs):
+    """Keep query blocks no larger than the query regime (a 32-token query gains nothing from a
+    128-row block) and no smaller than a quarter of it."""
+    lq = {**named_args, **kwargs}["LQ_BUCKET"]
+    keep = [c for c in configs if min(lq, 16) <= c.kwargs["BLOCK_Q"] <= max(lq, 16)]
+    keep = [c for c in keep if c.kwargs["BLOCK_Q"] * 4 >= min(lq, 128)] or keep
+    return keep or configs
+
+
+def _prune_fwd(configs, named_args, **kwargs):
+    return prune_by_shared_memory(_fwd_smem, device_arg="Q")(
+        prune_query_blocks(configs, named_args, **kwargs), named_args, **kwargs
+    )
+
+
+_FWD_CONFIGS = config_space(
+    {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [32, 64, 128]},
+    num_warps=[4, 8],
+    num_stages=[2, 3],
+    where=lambda kw, w, s: not (kw["BLOCK_Q"] * kw["BLOCK_D"] >= 128 * 128 and w < 8)
+    and not (kw["BLOCK_Q"] * kw["BLOCK_D"] <= 32 * 32 and w > 4),
+)
+_FWD_INTERPRET = triton.Config({"BLOCK_Q": 16, "BLOCK_D": 16}, num_warps=4, num_stages=1)
+
+
+@triton.jit
+def _max_nan(a, b):
+    # NaN wins, so a NaN similarity reaches the score instead of being skipped by the max
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@autotune(
+    _FWD_CONFIGS,
+    key=["LQ_BUCKET", "BLOCK_K", "LAYOUT", "SAVE_ARGMAX", "HAS_QM", "HAS_DM"],
+    prune=_prune_fwd,
+    interpret_config=_FWD_INTERPRET,
+)
+@triton.jit
+def maxsim_fwd_kernel(
+    Q,
+    D,
+    QM,
+    DM,
+    CUQ,
+    CUD,
+    PARTIAL,
+    ARGMAX,
+    n_doc,
+    lq,
+    ld,
+    chunk_len,
+    n_chunks,
+    d_bound,
+    dim,
+    LQ_BUCKET,
+    LAYOUT: tl.constexpr,
+    HAS_QM: tl.constexpr,
+    HAS_DM: tl.constexpr,
+    SAVE_ARGMAX: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+    DYNAMIC_BOUNDS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pair = tl.program_id(0)
+    chunk = tl.program_id(1)
+    if LAYOUT == 0:  # ALL_PAIRS
+        qi = pair // n_doc
+        doc = pair % n_doc
+    elif LAYOUT == 1:  # GROUPED
+        qi = pair // n_doc
+        doc = pair
+    else:  # PAIRS, VARLEN
+        qi = pair
+        doc = pair
+    if LAYOUT == 3:
+        q_start = tl.load(CUQ + pair).to(tl.int64)
+        q_len = (tl.load(CUQ + pair + 1) - q_start).to(tl.int32)
+        d_start = tl.load(CUD + pair).to(tl.int64)
+        d_len = (tl.load(CUD + pair + 1) - d_start).to(tl.int32)
+    else:
+        q_start = qi.to(tl.int64) * lq
+        q_len = lq
+        d_start = doc.to(tl.int64) * ld
+        d_len = ld
+
+    k = tl.arange(0, BLOCK_K)
+    k_ok = k < dim
+    t_begin = chunk * chunk_len
+    t_end = tl.minimum(t_begin + chunk_len, q_len)
+    # Loop bounds: the pair's own lengths on the GPU; static bounds with masking under the
+    # interpreter, which cannot iterate over a range whose bounds come from program_id or loads.
+    if DYNAMIC_BOUNDS:
+        t_stop = t_end - t_begin
+        d_stop = d_len
+    else:
+        t_stop = chunk_len
+        d_stop = d_bound
+    total = tl.zeros((BLOCK_Q,), dtype=tl.float32)
+    for t0 in range(0, t_stop, BLOCK_Q):
+        rows = t_begin + t0 + tl.arange(0, BLOCK_Q)
+        row_ok = rows < t_end
+        q = tl.load(
+            Q + (q_start + rows)[:, None] * dim + k[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            q = q.to(tl.float32)
+        best = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
+        best_idx = tl.zeros((BLOCK_Q,), dtype=tl.int32)
+        for j0 in range(0, d_stop, BLOCK_D):
+            cols = j0 + tl.arange(0, BLOCK_D)
+            col_ok = cols < d_len
+            x = tl.load(
+                D + (d_start + cols)[None, :] * dim + k[:, None],
+                mask=col_ok[None, :] & k_ok[:, None],
+                other=0.0,
+            )
+            if UPCAST:
+                x = x.to(tl.float32)
+            if HAS_DM:
+                col_ok = col_ok & (tl.load(DM + doc.to(tl.int64) * ld + cols, mask=col_ok, other=0) != 0)
+            if IEEE:
+                s = tl.dot(q, x, input_precision="ieee")
+            else:
+                s = tl.dot(q, x)
+            s = tl.where(col_ok[None, :], s, float("-inf"))
+            tile_best = tl.reduce(s, 1, _max_nan)
+            if SAVE_ARGMAX:
+                first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
+                best_idx = tl.where(tile_best > best, first, best_idx)
+            best = _max_nan(best, tile_best)
+        keep = row_ok & (best != float("-inf"))
+        if HAS_QM:
+            keep = keep & (tl.load(QM + qi.to(tl.int64) * lq + rows, mask=row_ok, other=0) != 0)
+        total += tl.where(keep, best, 0.0)
+        if SAVE_ARGMAX:
+            winner = tl.where(keep, (d_start + best_idx).to(tl.int32), -1)
+            tl.store(ARGMAX + pair.to(tl.int64) * lq + rows, winner, mask=row_ok)
+    tl.store(PARTIAL + pair.to(tl.int64) * n_chunks + chunk, tl.sum(total, 0))
+
+
+def chunking(lq: int) -> tuple[int, int]:
+    """``(chunk_len, n_chunks)`` of a query length (one chunk up to the threshold)."""
+    if lq > LONG_QUERY_THRESHOLD:
+        return QUERY_CHUNK, triton.cdiv(lq, QUERY_CHUNK)
+    return max(lq, 1), 1
+
+
+def dot_settings(dtype: torch.dtype) -> tuple[bool, bool]:
+    """``(upcast, ieee)``: bf16 dots are computed wrongly by the interpreter, so it upcasts; fp32
+    uses IEEE products (TF32 would cost ~1e-3 relative error)."""
+    upcast = interpreter_enabled() and dtype == torch.bfloat16
+    return upcast, dtype == torch.float32
+
+
+def maxsim_forward_triton(
+    Q2: torch.Tensor,
+    D2: torch.Tensor,
+    q_mask: torch.Tensor | None,
+    d_mask: torch.Tensor | None,
+    cu_q: torch.Tensor | None,
+    cu_d: torch.Tensor | None,
+    layout: int,
+    n_query: int,
+    n_doc: int,
+    lq: int,
+    ld: int,
+    save_argmax: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores ``(pairs,)`` fp32 and, when ``save_argmax``, argmax rows ``(pairs, lq)`` int32."""
+    n_pairs = num_pairs(layout, n_query, n_doc)
+    dim = Q2.shape[-1]
+    chunk_len, n_chunks = chunking(lq)
+    partial = output_buffer((n_pairs, n_chunks), dtype=torch.float32, device=Q2.device)
+    if save_argmax:
+        if layout == VARLEN:  # slots past a query's own length are never written
+            argmax = torch.full((n_pairs, lq), -1, dtype=torch.int32, device=Q2.device)
+        else:
+            argmax = output_buffer((n_pairs, lq), dtype=torch.int32, device=Q2.device)
+    else:
+        argmax = torch.empty((0,), dtype=torch.int32, device=Q2.device)
+    if n_pairs == 0:
+        return partial.sum(1), argmax
+    upcast, ieee = dot_settings(Q2.dtype)
+    d_bound = ld
+    if layout == VARLEN:
+        # only the interpreter's static loops read it; they need the longest document
+        d_bound = int((cu_d[1:] - cu_d[:-1]).max()) if interpreter_enabled() else 0
+    dummy = partial  # never read when the matching HAS_* flag is off
+    maxsim_fwd_kernel[(n_pairs, n_chunks)](
+        Q2,
+        D2,
+        q_mask.view(torch.uint8) if q_mask is not None else dummy,
+        d_mask.view(torch.uint8) if d_mask is not None else dummy,
+        cu_q if cu_q is not None else dummy,
+        cu_d if cu_d is not None else dummy,
+        partial,
+        argmax,
+        max(n_doc, 1),
+        lq,
+        ld,
+        chunk_len,
+        n_chunks,
+        d_bound,
+        dim,
+        shape_bucket(chunk_len, minimum=16, maximum=512),
+        LAYOUT=layout,
+        HAS_QM=q_mask is not None,
+        HAS_DM=d_mask is not None,
+        SAVE_ARGMAX=save_argmax,
+        UPCAST=upcast,
+        IEEE=ieee,
+        DYNAMIC_BOUNDS=not interpreter_enabled(),
+        BLOCK_K=padded_dim(dim),
+    )
+    scores = partial[:, 0] if n_chunks == 1 else partial.sum(1)
+    return scores, argmax
+
+
+__all__ = [
+    "ALL_PAIRS",
+    "GROUPED",
+    "LONG_QUERY_THRESHOLD",
+    "QUERY_CHUNK",
+    "chunking",
+    "maxsim_forward_triton",
+]

@@ -1,0 +1,53 @@
+"""The one problem form every backend solves.
+
+Each public layout is flattened to token matrices ``Q2 (query rows, d)`` and ``D2 (document rows,
+d)`` plus a list of *pairs* (query, document) to score:
+
+* ``ALL_PAIRS`` — pair ``p`` = query ``p // n_doc`` × document ``p % n_doc`` (3-D ``maxsim``);
+* ``GROUPED``   — pair ``p`` = query ``p // n_doc`` × document ``p`` (4-D ``maxsim``, ``n_doc = K``);
+* ``PAIRS``     — pair ``p`` = query ``p`` × document ``p`` (``maxsim_pairs``, ``n_doc = 1``);
+* ``VARLEN``    — as ``PAIRS``, with token rows found through ``cu_seqlens`` (``maxsim_varlen``).
+
+Padded layouts store query ``i`` at rows ``[i·lq, (i+1)·lq)`` and document ``j`` at
+``[j·ld, (j+1)·ld)``. Argmax indices are stored as *global* rows of ``D2`` (``-1``: no winner), so
+the backward kernels need no layout knowledge to find a winning document token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ALL_PAIRS = 0
+GROUPED = 1
+PAIRS = 2
+VARLEN = 3
+
+LAYOUT_NAMES = {ALL_PAIRS: "all_pairs", GROUPED: "grouped", PAIRS: "pairs", VARLEN: "varlen"}
+
+
+def num_pairs(layout: int, n_query: int, n_doc: int) -> int:
+    return n_query * n_doc if layout in (ALL_PAIRS, GROUPED) else n_query
+
+
+def num_doc_rows_owner(layout: int, n_query: int, n_doc: int) -> int:
+    """How many documents ``D2`` holds (padded layouts)."""
+    if layout == ALL_PAIRS:
+        return n_doc
+    return num_pairs(layout, n_query, n_doc)
+
+
+def query_of_pair(layout: int, pairs: torch.Tensor, n_doc: int) -> torch.Tensor:
+    return pairs // n_doc if layout in (ALL_PAIRS, GROUPED) else pairs
+
+
+def query_rows(
+    layout: int, n_pairs: int, n_doc: int, lq: int, cu_q: torch.Tensor | None, device
+) -> torch.Tensor:
+    """``(n_pairs, lq)`` global row of ``Q2`` for every (pair, token) slot. Slots past a varlen
+    query's end may point past ``Q2``; their argmax is -1, so callers never read them."""
+    pairs = torch.arange(n_pairs, device=device)
+    t = torch.arange(lq, device=device)
+    if layout == VARLEN:
+        start = cu_q[:-1].to(device=device, dtype=torch.long)
+        return start[:, None] + t[None, :]
+    return query_of_pair(layout, pairs, n_doc)[:, None] * lq + t[None, :]

@@ -1,0 +1,122 @@
+"""MaxSim as PyTorch custom ops (forward and backward), so it runs inside
+``torch.compile(fullgraph=True)`` and CUDA graphs without graph breaks.
+
+Both ops work on the flattened problem of :mod:`.layout`; the public functions in this package's
+``__init__`` build it. ``backend`` is ``"torch"`` (reference path) or ``"triton"`` (the kernels, compiled
+or interpreted).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .layout import num_pairs
+from .reference import compute_dtype
+from .torch_path import backward_torch, forward_torch
+
+_EMPTY = (0,)
+
+
+def _triton_forward(*args):
+    from .forward import maxsim_forward_triton
+
+    return maxsim_forward_triton(*args)
+
+
+def _triton_backward(*args, **kwargs):
+    from .backward import maxsim_backward_triton
+
+    return maxsim_backward_triton(*args, **kwargs)
+
+
+@torch.library.custom_op("late_interaction_kernels::maxsim_forward", mutates_args=())
+def maxsim_forward_op(
+    Q2: torch.Tensor,
+    D2: torch.Tensor,
+    q_mask: torch.Tensor | None,
+    d_mask: torch.Tensor | None,
+    cu_q: torch.Tensor | None,
+    cu_d: torch.Tensor | None,
+    layout: int,
+    n_query: int,
+    n_doc: int,
+    lq: int,
+    ld: int,
+    save_argmax: bool,
+    backend: str,
+    method: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores ``(pairs,)`` and the argmax rows ``(pairs, lq)`` (``(0,)`` when not saved).
+    ``method`` is only read by the backward."""
+    args = (Q2, D2, q_mask, d_mask, cu_q, cu_d, layout, n_query, n_doc, lq, ld, save_argmax)
+    return forward_torch(*args) if backend == "torch" else _triton_forward(*args)
+
+
+@maxsim_forward_op.register_fake
+def _(Q2, D2, q_mask, d_mask, cu_q, cu_d, layout, n_query, n_doc, lq, ld, save_argmax, backend, method):
+    n_pairs = num_pairs(layout, n_query, n_doc)
+    dtype = compute_dtype(Q2.dtype) if backend == "torch" else torch.float32
+    scores = Q2.new_empty((n_pairs,), dtype=dtype)
+    shape = (n_pairs, lq) if save_argmax else _EMPTY
+    return scores, Q2.new_empty(shape, dtype=torch.int32)
+
+
+@torch.library.custom_op("late_interaction_kernels::maxsim_backward", mutates_args=())
+def maxsim_backward_op(
+    grad: torch.Tensor,
+    Q2: torch.Tensor,
+    D2: torch.Tensor,
+    argmax: torch.Tensor,
+    cu_q: torch.Tensor | None,
+    layout: int,
+    n_query: int,
+    n_doc: int,
+    lq: int,
+    backend: str,
+    method: str,
+    need_q: bool,
+    need_d: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(grad_Q2, grad_D2)``; an unneeded gradient comes back as an empty ``(0,)`` tensor."""
+    if backend == "torch":
+        gq, gd = backward_torch(grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq)
+    else:
+        gq, gd = _triton_backward(
+            grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, method,
+            need_q=need_q, need_d=need_d,
+        )  # fmt: skip
+    gq = gq if need_q else Q2.new_empty(_EMPTY)
+    gd = gd if need_d else D2.new_empty(_EMPTY)
+    return gq, gd
+
+
+@maxsim_backward_op.register_fake
+def _(grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method, need_q, need_d):
+    gq = torch.empty_like(Q2) if need_q else Q2.new_empty(_EMPTY)
+    gd = torch.empty_like(D2) if need_d else D2.new_empty(_EMPTY)
+    return gq, gd
+
+
+def _setup_context(ctx, inputs, output):
+    Q2, D2, _, _, cu_q, _, layout, n_query, n_doc, lq, _, save_argmax, backend, method = inputs
+    ctx.save_for_backward(Q2, D2, output[1], cu_q)
+    ctx.meta = (layout, n_query, n_doc, lq, save_argmax, backend, method)
+
+
+def _backward(ctx, grad_scores, _grad_argmax):
+    Q2, D2, argmax, cu_q = ctx.saved_tensors
+    layout, n_query, n_doc, lq, save_argmax, backend, method = ctx.meta
+    if not save_argmax:
+        raise RuntimeError(
+            "maxsim: the forward ran without saving argmax indices (grad mode was off or no input "
+            "required grad), so it cannot be differentiated"
+        )
+    need_q, need_d = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+    gq, gd = maxsim_backward_op(
+        grad_scores, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method,
+        need_q, need_d,
+    )  # fmt: skip
+    return (gq if need_q else None, gd if need_d else None) + (None,) * 12
+
+
+maxsim_forward_op.register_autograd(_backward, setup_context=_setup_context)

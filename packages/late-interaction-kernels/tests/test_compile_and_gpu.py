@@ -1,0 +1,124 @@
+"""torch.compile(fullgraph=True) and CUDA graphs: the op is a custom op with a fake impl and an
+autograd formula, so neither breaks the graph."""
+
+import pytest
+import torch
+from triton_dispatch.testing import assert_close, assert_gradients_match, rand_mask, randn
+
+from late_interaction_kernels import maxsim, maxsim_pairs, maxsim_varlen
+from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+gpu = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("backend", ["torch", None])
+def test_fullgraph_compile_on_cpu(rng, backend):
+    torch._dynamo.reset()
+    Q = randn((2, 6, 16), generator=rng, requires_grad=True)
+    D = randn((2, 3, 9, 16), generator=rng, requires_grad=True)
+    qm = rand_mask((2, 6), generator=rng)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def loss_fn(q, d):
+        return maxsim(q, d, qm, backend=backend, backward="lowmem").logsumexp(-1).sum()
+
+    loss = loss_fn(Q, D)
+    loss.backward()
+    Qr = Q.detach().double().requires_grad_()
+    Dr = D.detach().double().requires_grad_()
+    ref = maxsim_reference(Qr, Dr, qm).logsumexp(-1).sum()
+    ref.backward()
+    assert_close(loss, ref, dtype=torch.float32)
+    assert_close(Q.grad, Qr.grad, dtype=torch.float32)
+    assert_close(D.grad, Dr.grad, dtype=torch.float32)
+
+
+@gpu
+@pytest.mark.parametrize("method", ["unified", "lowmem"])
+def test_bf16_on_gpu(rng, method):
+    Q = randn((8, 32, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn((16, 300, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dm = rand_mask((16, 300), generator=rng, device="cuda")
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, None, dm, backward=method),
+        lambda q, d: maxsim_reference(q, d, None, dm),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+
+
+@gpu
+@pytest.mark.parametrize("lq", [32, 128, 1030])
+def test_gpu_shapes_against_reference(rng, lq):
+    Q = randn((4, lq, 96), generator=rng, device="cuda", dtype=torch.float16, requires_grad=True)
+    D = randn((4, 3, 257, 96), generator=rng, device="cuda", dtype=torch.float16, requires_grad=True)
+    assert_gradients_match(maxsim, maxsim_reference, [Q, D], generator=rng, names=["Q", "D"])
+
+
+@gpu
+def test_gpu_varlen_and_pairs(rng):
+    lens_q, lens_d = [3, 40, 17], [300, 5, 129]
+    Qp = randn((sum(lens_q), 64), generator=rng, device="cuda", dtype=torch.bfloat16)
+    Dp = randn((sum(lens_d), 64), generator=rng, device="cuda", dtype=torch.bfloat16)
+    cu_q = torch.tensor([0, 3, 43, 60], device="cuda", dtype=torch.int32)
+    cu_d = torch.tensor([0, 300, 305, 434], device="cuda", dtype=torch.int32)
+    from late_interaction_kernels.ops.maxsim.reference import maxsim_varlen_reference
+
+    out = maxsim_varlen(Qp, Dp, cu_q, cu_d, 40, 300)
+    assert_close(out, maxsim_varlen_reference(Qp.double(), Dp.double(), cu_q, cu_d), dtype=torch.bfloat16)
+    Q = randn((5, 32, 64), generator=rng, device="cuda", dtype=torch.bfloat16)
+    D = randn((5, 77, 64), generator=rng, device="cuda", dtype=torch.bfloat16)
+    from late_interaction_kernels.ops.maxsim.reference import maxsim_pairs_reference
+
+    assert_close(maxsim_pairs(Q, D), maxsim_pairs_reference(Q.double(), D.double()), dtype=torch.bfloat16)
+
+
+@gpu
+def test_inductor_fullgraph_on_gpu(rng):
+    torch._dynamo.reset()
+    Q = randn((4, 32, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn((4, 2, 100, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    step = torch.compile(lambda q, d: maxsim(q, d).softmax(-1)[:, 0].sum(), fullgraph=True)
+    step(Q, D).backward()
+    Qr = Q.detach().double().requires_grad_()
+    Dr = D.detach().double().requires_grad_()
+    maxsim_reference(Qr, Dr).softmax(-1)[:, 0].sum().backward()
+    assert_close(Q.grad, Qr.grad, dtype=torch.bfloat16)
+    assert_close(D.grad, Dr.grad, dtype=torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("method", ["unified", "lowmem"])
+def test_cuda_graph_capture(rng, method):
+    Q = randn((8, 32, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn((8, 4, 64, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def step():
+        Q.grad = D.grad = None
+        maxsim(Q, D, backward=method).sum().backward()
+        return Q.grad, D.grad
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # autotune and warm up outside the capture
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    Q.grad = D.grad = None
+    with torch.cuda.graph(graph):
+        gq = None
+        maxsim(Q, D, backward=method).sum().backward()
+        gq, gd = Q.grad, D.grad
+    with torch.no_grad():
+        Q.copy_(randn(Q.shape, generator=rng, device="cuda", dtype=torch.bfloat16))
+    graph.replay()
+    torch.cuda.synchronize()
+    Qr = Q.detach().double().requires_grad_()
+    Dr = D.detach().double().requires_grad_()
+    maxsim_reference(Qr, Dr).sum().backward()
+    assert_close(gq, Qr.grad, dtype=torch.bfloat16)
+    assert_close(gd, Dr.grad, dtype=torch.bfloat16)

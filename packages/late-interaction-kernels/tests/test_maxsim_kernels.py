@@ -1,0 +1,258 @@
+"""The kernels (Triton interpreter on CPU, compiled on CUDA) against the float64 reference:
+values and gradients, every layout and backward method."""
+
+import pytest
+import torch
+from triton_dispatch.testing import assert_close, assert_gradients_match, rand_mask, randn
+
+from late_interaction_kernels import maxsim, maxsim_pairs, maxsim_varlen
+from late_interaction_kernels.ops.maxsim import forward
+from late_interaction_kernels.ops.maxsim.forward import maxsim_forward_triton
+from late_interaction_kernels.ops.maxsim.layout import ALL_PAIRS
+from late_interaction_kernels.ops.maxsim.reference import (
+    maxsim_pairs_reference,
+    maxsim_reference,
+    maxsim_varlen_reference,
+)
+
+METHODS = ["unified", "lowmem"]
+
+# Triton's interpreter turns its one-element loop bounds into ints the way NumPy deprecates
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+
+def _inputs(rng, device, q_shape, d_shape, dtype=torch.float32):
+    Q = randn(q_shape, generator=rng, dtype=dtype, device=device, requires_grad=True)
+    D = randn(d_shape, generator=rng, dtype=dtype, device=device, requires_grad=True)
+    return Q, D
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_all_pairs(rng, device, method, masked):
+    Q, D = _inputs(rng, device, (3, 20, 48), (4, 37, 48))
+    qm = rand_mask((3, 20), generator=rng, device=device) if masked else None
+    dm = rand_mask((4, 37), generator=rng, device=device) if masked else None
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, qm, dm, backward=method),
+        lambda q, d: maxsim_reference(q, d, qm, dm),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+
+
+@pytest.mark.parametrize("method", [*METHODS, "auto"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_grouped_4d(rng, device, method, masked):
+    Q, D = _inputs(rng, device, (2, 17, 32), (2, 3, 21, 32))
+    qm = rand_mask((2, 17), generator=rng, device=device) if masked else None
+    dm = rand_mask((2, 3, 21), generator=rng, device=device) if masked else None
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, qm, dm, backward=method),
+        lambda q, d: maxsim_reference(q, d, qm, dm),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_pairs(rng, device, method):
+    Q, D = _inputs(rng, device, (3, 9, 16), (3, 19, 16))
+    qm = rand_mask((3, 9), generator=rng, device=device)
+    dm = rand_mask((3, 19), generator=rng, device=device)
+    assert_gradients_match(
+        lambda q, d: maxsim_pairs(q, d, qm, dm, backward=method),
+        lambda q, d: maxsim_pairs_reference(q, d, qm, dm),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+
+
+def _packed(rng, device, q_lens, d_lens, dim, dtype=torch.float32):
+    Qp = randn((sum(q_lens), dim), generator=rng, dtype=dtype, device=device, requires_grad=True)
+    Dp = randn((sum(d_lens), dim), generator=rng, dtype=dtype, device=device, requires_grad=True)
+    cu = lambda lens: torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], device=device)
+    return Qp, Dp, cu(q_lens).to(torch.int32), cu(d_lens)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_varlen(rng, device, method):
+    Qp, Dp, cu_q, cu_d = _packed(rng, device, [5, 1, 12], [17, 3, 9], 48)
+    assert_gradients_match(
+        lambda q, d: maxsim_varlen(q, d, cu_q, cu_d, 12, 17, backward=method),
+        lambda q, d: maxsim_varlen_reference(q, d, cu_q, cu_d),
+        [Qp, Dp],
+        generator=rng,
+        names=["Q_packed", "D_packed"],
+    )
+
+
+def test_varlen_equals_padded(rng, device):
+    q_lens, d_lens = [4, 7], [9, 2]
+    Qp, Dp, cu_q, cu_d = _packed(rng, device, q_lens, d_lens, 16)
+    Q = torch.zeros(2, 7, 16, device=device)
+    D = torch.zeros(2, 9, 16, device=device)
+    for b in range(2):
+        Q[b, : q_lens[b]] = Qp[cu_q[b] : cu_q[b + 1]].detach()
+        D[b, : d_lens[b]] = Dp[cu_d[b] : cu_d[b + 1]].detach()
+    qm = torch.arange(7, device=device)[None] < torch.tensor(q_lens, device=device)[:, None]
+    dm = torch.arange(9, device=device)[None] < torch.tensor(d_lens, device=device)[:, None]
+    packed = maxsim_varlen(Qp, Dp, cu_q, cu_d)  # max_seqlen_q read from cu_seqlens_q
+    assert_close(packed, maxsim_pairs(Q, D, qm, dm), tol=1e-6)
+
+
+def test_fully_masked_document_scores_zero_with_zero_gradient(rng, device):
+    Q, D = _inputs(rng, device, (2, 5, 16), (3, 8, 16))
+    dm = torch.ones(3, 8, dtype=torch.bool, device=device)
+    dm[1] = False
+    out = maxsim(Q, D, None, dm)
+    assert torch.all(out[:, 1] == 0) and torch.all(out[:, [0, 2]] != 0)
+    out.sum().backward()
+    assert torch.all(D.grad[1] == 0)
+    assert_close(out, maxsim_reference(Q.double(), D.double(), None, dm))
+
+
+@pytest.mark.parametrize("layout", ["all_pairs", "grouped"])
+def test_lowmem_is_bitwise_deterministic_and_agrees_with_unified(rng, device, layout):
+    # many query tokens collide on few document tokens: the case where summation order matters
+    shape = (5, 3, 16) if layout == "all_pairs" else (4, 2, 3, 16)
+    Q = randn((4, 24, 16), generator=rng, device=device, dtype=torch.float16)
+    D = randn(shape, generator=rng, device=device, dtype=torch.float16)
+    g = randn((4, shape[0] if layout == "all_pairs" else 2), generator=rng, device=device)
+    grads = {}
+    for method, runs in (("lowmem", 2), ("unified", 1)):
+        for run in range(runs):
+            q, d = Q.clone().requires_grad_(), D.clone().requires_grad_()
+            maxsim(q, d, backward=method).backward(g)
+            grads[method, run] = (q.grad, d.grad)
+    assert torch.equal(grads["lowmem", 0][1], grads["lowmem", 1][1])
+    assert torch.equal(grads["lowmem", 0][0], grads["lowmem", 1][0])
+    assert_close(grads["unified", 0][1], grads["lowmem", 0][1], tol=2e-3)
+    assert torch.equal(grads["unified", 0][0], grads["lowmem", 0][0])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_long_queries_are_chunked_exactly(rng, device, monkeypatch, method):
+    Q, D = _inputs(rng, device, (2, 40, 16), (3, 11, 16))
+    qm = rand_mask((2, 40), generator=rng, device=device)
+    whole = maxsim(Q.detach(), D.detach(), qm)
+    monkeypatch.setattr(forward, "LONG_QUERY_THRESHOLD", 16)
+    monkeypatch.setattr(forward, "QUERY_CHUNK", 16)
+    assert forward.chunking(40) == (16, 3)
+    assert_close(maxsim(Q.detach(), D.detach(), qm), whole, tol=1e-6)
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, qm, backward=method),
+        lambda q, d: maxsim_reference(q, d, qm),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+
+
+def test_long_varlen_queries_are_chunked(rng, device, monkeypatch):
+    monkeypatch.setattr(forward, "LONG_QUERY_THRESHOLD", 16)
+    monkeypatch.setattr(forward, "QUERY_CHUNK", 16)
+    Qp, Dp, cu_q, cu_d = _packed(rng, device, [35, 3], [6, 10], 16)
+    assert_gradients_match(
+        lambda q, d: maxsim_varlen(q, d, cu_q, cu_d, 35),
+        lambda q, d: maxsim_varlen_reference(q, d, cu_q, cu_d),
+        [Qp, Dp],
+        generator=rng,
+        names=["Q_packed", "D_packed"],
+    )
+
+
+@pytest.mark.parametrize("dim", [48, 96])
+def test_non_power_of_two_dims(rng, device, dim):
+    Q, D = _inputs(rng, device, (2, 13, dim), (3, 18, dim))
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, backward="lowmem"),
+        maxsim_reference,
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("method", METHODS)
+def test_half_precision(rng, device, dtype, method):
+    Q, D = _inputs(rng, device, (2, 16, 32), (3, 20, 32), dtype=dtype)
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, backward=method),
+        maxsim_reference,
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+
+
+def test_normalize(rng, device):
+    Q, D = _inputs(rng, device, (2, 9, 32), (3, 14, 32))
+    Q.data.mul_(5)
+    qm = rand_mask((2, 9), generator=rng, device=device)
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, qm, normalize=True),
+        lambda q, d: maxsim_reference(q, d, qm, normalize=True),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+
+
+def test_argmax_rows_follow_the_reference(rng, device):
+    Q = randn((2, 6, 16), generator=rng, device=device)
+    D = randn((3, 10, 16), generator=rng, device=device)
+    qm = rand_mask((2, 6), generator=rng, device=device)
+    dm = rand_mask((3, 10), generator=rng, device=device)
+    dm[2] = False
+    scores, argmax = maxsim_forward_triton(
+        Q.reshape(12, 16), D.reshape(30, 16), qm, dm.reshape(3, 10), None, None,
+        ALL_PAIRS, 2, 3, 6, 10, True,
+    )  # fmt: skip
+    ref_scores, local = maxsim_reference(Q, D, qm, dm, return_argmax=True)
+    offsets = (torch.arange(3, device=device) * 10)[None, :, None]
+    expected = torch.where(local >= 0, local + offsets, -1)
+    assert torch.equal(argmax.long().view(2, 3, 6).cpu(), expected.cpu())
+    assert_close(scores.view(2, 3), ref_scores)
+
+
+def test_no_argmax_saved_without_gradients(rng, device):
+    Q = randn((2, 6, 16), generator=rng, device=device)
+    D = randn((3, 10, 16), generator=rng, device=device)
+    scores, argmax = maxsim_forward_triton(
+        Q.reshape(12, 16), D.reshape(30, 16), None, None, None, None,
+        ALL_PAIRS, 2, 3, 6, 10, False,
+    )  # fmt: skip
+    assert argmax.numel() == 0
+    assert_close(scores.view(2, 3), maxsim_reference(Q.double(), D.double()))
+
+
+def test_nan_propagates_without_crashing(rng, device):
+    Q, D = _inputs(rng, device, (2, 5, 16), (3, 8, 16))
+    dm = torch.ones(3, 8, dtype=torch.bool, device=device)
+    with torch.no_grad():
+        Q[0, 2, 3] = float("nan")
+        D[1, 4, 0] = float("nan")
+        D[2, 7, 0] = float("nan")
+    dm[2, 7] = False  # a NaN in a masked token is ignored
+    out = maxsim(Q, D, None, dm)
+    ref = maxsim_reference(Q.detach().double(), D.detach().double(), None, dm)
+    assert torch.equal(torch.isnan(out.cpu()), torch.isnan(ref.cpu()))
+    assert torch.isnan(out[0]).all() and torch.isnan(out[1, 1]) and not torch.isnan(out[1, [0, 2]]).any()
+    out.nansum().backward()  # never crashes
+
+
+def test_torch_backend_matches_kernels(rng, device):
+    Q, D = _inputs(rng, device, (2, 7, 16), (2, 3, 9, 16))
+    a = maxsim(Q, D, backend="torch")
+    a.sum().backward()
+    ga = (Q.grad.clone(), D.grad.clone())
+    Q.grad = D.grad = None
+    b = maxsim(Q, D)
+    b.sum().backward()
+    assert_close(b, a)
+    assert_close(Q.grad, ga[0]) and assert_close(D.grad, ga[1])

@@ -1,0 +1,115 @@
+"""``stream-dit``: ``serve`` the session over HTTP, ``bench`` the tick, run the ``demo``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def _device_default() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from .benchmark import BenchConfig, format_result, run
+
+    on_gpu = args.device.startswith("cuda")
+    cfg = BenchConfig(
+        preset=args.preset or ("large" if on_gpu else "tiny"),
+        depth=args.depth,
+        steps=args.steps,
+        ticks=args.ticks,
+        warmup=args.warmup,
+        frames=args.frames,
+        cond_len=args.cond_len,
+        cfg=args.cfg,
+        engine=args.engine,
+        device=args.device,
+        dtype=args.dtype or ("bfloat16" if on_gpu else "float32"),
+        baselines=not args.no_baselines,
+    )
+    res = run(cfg)
+    print(format_result(res))
+    if args.out:
+        Path(args.out).write_text(json.dumps(res, indent=2, default=str))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        import uvicorn
+
+        from .server import create_app
+    except ImportError:
+        print("stream-dit serve needs the serve extra: pip install 'stream-dit[serve]'", file=sys.stderr)
+        return 2
+    from .engines import TorchEngine
+    from .model import build_model
+    from .session import StreamSession
+
+    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
+    model = build_model(args.preset, seed=args.seed, device=args.device, dtype=dtype)
+    engine = TorchEngine(model, max_batch=2 * args.depth, max_frames=args.max_frames, max_cond_len=args.max_cond_len, mode=args.engine_mode)
+    session = StreamSession(model, engine, depth=args.depth, max_queue=args.max_queue)
+    uvicorn.run(create_app(session), host=args.host, port=args.port, log_level="info")
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    res = run_demo(Path(args.output_dir), requests=args.requests, depth=args.depth)
+    print(f"{res.summary}; {res.key_figure} [{res.backend}]")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stream-dit", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("bench", help="time the tick against a naive loop and a host-synced tick")
+    b.add_argument("--depth", type=int, default=4)
+    b.add_argument("--steps", type=int, default=8)
+    b.add_argument("--ticks", type=int, default=200)
+    b.add_argument("--warmup", type=int, default=30)
+    b.add_argument("--cfg", action="store_true", help="guided requests (full CFG)")
+    b.add_argument("--engine", choices=["torch", "compile", "graphs"], default="torch")
+    b.add_argument("--preset", default=None, help="model preset (default: large on CUDA, tiny on CPU)")
+    b.add_argument("--frames", type=int, default=250, help="latent frames per request (25 per second)")
+    b.add_argument("--cond-len", type=int, default=64)
+    b.add_argument("--device", default=_device_default())
+    b.add_argument("--dtype", default=None)
+    b.add_argument("--no-baselines", action="store_true")
+    b.add_argument("--out", default=None, help="write the figures as JSON")
+    b.set_defaults(fn=_bench)
+
+    s = sub.add_parser("serve", help="serve the session over HTTP (needs the serve extra)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--preset", default="tiny")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--depth", type=int, default=4)
+    s.add_argument("--max-queue", type=int, default=64)
+    s.add_argument("--max-frames", type=int, default=750)
+    s.add_argument("--max-cond-len", type=int, default=128)
+    s.add_argument("--engine-mode", choices=["eager", "compile", "graphs"], default="eager")
+    s.add_argument("--device", default=_device_default())
+    s.add_argument("--dtype", default=None)
+    s.set_defaults(fn=_serve)
+
+    d = sub.add_parser("demo", help="stream a handful of requests through the tiny model")
+    d.add_argument("--output-dir", default="demo-output")
+    d.add_argument("--requests", type=int, default=8)
+    d.add_argument("--depth", type=int, default=4)
+    d.set_defaults(fn=_demo)
+
+    args = parser.parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

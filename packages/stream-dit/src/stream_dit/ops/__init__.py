@@ -1,0 +1,1 @@
+"""Fused operations of the runtime's tick."""

@@ -1,0 +1,13 @@
+import pytest
+import torch
+
+from stream_dit.model import build_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return build_model("tiny", seed=0)
+
+
+def cond(gen: torch.Generator, length: int, dim: int = 32) -> torch.Tensor:
+    return torch.randn(length, dim, generator=gen)

@@ -1,0 +1,256 @@
+import math
+
+import pytest
+import torch
+
+from stream_dit import QueueFullError, Request, Status, StreamSession, TorchEngine
+from stream_dit.engines import derive_depth
+
+
+def _req(gen, frames=8, length=4, **kw):
+    kw.setdefault("steps", 4)
+    return Request(frames=frames, cond=torch.randn(length, 32, generator=gen), **kw)
+
+
+def _solo(model, request):
+    """The same request alone in a fresh session."""
+    session = StreamSession(model, depth=1)
+    h = session.submit(request)
+    session.run_until_idle()
+    return h.result
+
+
+def test_batched_requests_match_running_alone(tiny_model, rng):
+    reqs = [_req(rng, frames=6 + 3 * i, length=2 + i, seed=i, steps=3 + i) for i in range(4)]
+    session = StreamSession(tiny_model, depth=3)
+    handles = [session.submit(r) for r in reqs]
+    finished = session.run_until_idle()
+    assert {h.id for h in finished} == {h.id for h in handles}
+    for h, r in zip(handles, reqs):
+        assert h.status is Status.DONE and h.result.shape == (r.frames, 64)
+        torch.testing.assert_close(h.result, _solo(tiny_model, r), rtol=1e-5, atol=1e-5)
+
+
+def test_finished_latents_come_back_the_same_tick(tiny_model, rng):
+    session = StreamSession(tiny_model, depth=2)
+    h = session.submit(_req(rng, steps=2))
+    assert session.tick() == []
+    assert session.tick() == [h] and h.result is not None
+
+
+def test_plain_rows_take_the_foreach_path_bit_identically(tiny_model, rng):
+    reqs = [_req(rng, seed=i) for i in range(3)]
+    fast = StreamSession(tiny_model, depth=3)
+    hf = [fast.submit(r) for r in reqs]
+    fast.tick()
+    assert fast.last_stats.plain_rows == 3 and fast.last_stats.per_slot_rows == 0
+    fast.run_until_idle()
+    # force the per-slot path with a curve that changes nothing numerically (scale 1 decided as
+    # trivial would go plain, so use the session's internals instead)
+    slow = StreamSession(tiny_model, depth=3)
+    hs = [slow.submit(Request(**{**r.__dict__})) for r in reqs]
+    slow._has_curves = lambda slot: True
+    slow.run_until_idle()
+    for a, b in zip(hf, hs):
+        assert torch.equal(a.result, b.result)
+
+
+def test_back_pressure_and_cancellation(tiny_model, rng):
+    session = StreamSession(tiny_model, depth=1, max_queue=2)
+    a = session.submit(_req(rng))
+    b = session.submit(_req(rng))
+    with pytest.raises(QueueFullError):
+        session.submit(_req(rng))
+    session.tick()  # a becomes active, the queue has room again
+    c = session.submit(_req(rng))
+    b.cancel()
+    a.cancel()
+    session.tick()
+    assert a.status is Status.CANCELLED and b.status is Status.CANCELLED
+    assert c.status is Status.ACTIVE
+    session.run_until_idle()
+    assert c.status is Status.DONE
+
+
+def test_failure_of_one_request_does_not_stop_others(tiny_model, rng):
+    session = StreamSession(tiny_model, depth=2)
+    good = session.submit(_req(rng, cfg_type="self", guidance=3.0))
+    bad = session.submit(_req(rng, cfg_type="self", guidance=3.0))
+    session.tick()
+    session._slots[bad.id].stock = torch.zeros(3, 3)  # corrupt its state: the per-slot update raises
+    session.run_until_idle()
+    assert bad.status is Status.FAILED and bad.error is not None
+    assert good.status is Status.DONE and torch.isfinite(good.result).all()
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("frames", 10_000, "exceeds"),
+        ("frames", 0, "frames"),
+        ("steps", 0, "steps"),
+        ("guidance", math.nan, "guidance"),
+        ("noise", [0.1, math.inf], "finite"),
+        ("velocity_scale", [math.nan], "finite"),
+        ("cfg_type", "half", "cfg_type"),
+        ("denoise", 0.5, "init_latent"),
+        ("cond", torch.zeros(3, 7), "cond"),
+        ("negative", torch.zeros(300, 32), "limit"),
+        ("dcw", (1.0,), "dcw"),
+    ],
+)
+def test_bad_requests_are_rejected_at_submit(tiny_model, rng, field, value, match):
+    session = StreamSession(tiny_model, engine=TorchEngine(tiny_model, max_frames=64, max_cond_len=16), depth=2)
+    r = _req(rng)
+    setattr(r, field, value)
+    with pytest.raises((ValueError, TypeError), match=match):
+        session.submit(r)
+    assert session.queued == 0
+
+
+def test_depth_is_derived_from_the_engine_ceiling(tiny_model):
+    engine = TorchEngine(tiny_model, max_batch=10)
+    assert derive_depth(engine) == 5 and derive_depth(engine, cfg=False) == 10
+    assert StreamSession(tiny_model, engine).depth == 5
+    with pytest.raises(ValueError, match="ceiling"):
+        StreamSession(tiny_model, engine, depth=11)
+
+
+class ReusingEngine(TorchEngine):
+    """Returns the same output buffer from every call, as CUDA graphs and TensorRT bindings do."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.reuses_output = True
+        self._out = None
+        self.calls = 0
+
+    def forward(self, x, t, states, states_mask, frame_mask=None, context=None):
+        self.calls += 1
+        v = super().forward(x, t, states, states_mask, frame_mask, context)
+        if self._out is None or self._out.shape[1:] != v.shape[1:] or self._out.shape[0] < v.shape[0]:
+            self._out = torch.empty(self.max_batch, *v.shape[1:])
+        self._out[: v.shape[0]].copy_(v)
+        return self._out[: v.shape[0]]
+
+
+def test_two_pass_cfg_does_not_let_the_second_pass_overwrite_the_first(tiny_model, rng):
+    reqs = [_req(rng, seed=i, cfg_type="full", guidance=4.0, negative=torch.randn(3, 32, generator=rng)) for i in range(3)]
+    one = StreamSession(tiny_model, TorchEngine(tiny_model, max_batch=6), depth=3)
+    h1 = [one.submit(Request(**r.__dict__)) for r in reqs]
+    one.tick()
+    assert one.last_stats.passes == 1 and one.last_stats.fused_rows == 3
+    one.run_until_idle()
+    engine = ReusingEngine(tiny_model, max_batch=3)
+    two = StreamSession(tiny_model, engine, depth=3)
+    h2 = [two.submit(Request(**r.__dict__)) for r in reqs]
+    two.tick()
+    assert two.last_stats.passes == 2 and engine.calls == 2
+    two.run_until_idle()
+    for a, b in zip(h1, h2):
+        torch.testing.assert_close(a.result, b.result, rtol=1e-5, atol=1e-5)
+
+
+def test_guidance_modes_change_results_and_rcfg_initialize_runs_one_negative(tiny_model, rng):
+    base = _req(rng, seed=5, negative=torch.randn(2, 32, generator=rng))
+    results = {}
+    for name, kw in {
+        "none": {"cfg_type": "none", "guidance": 4.0},
+        "full": {"cfg_type": "full", "guidance": 4.0},
+        "self": {"cfg_type": "self", "guidance": 4.0},
+        "init": {"cfg_type": "initialize", "guidance": 4.0},
+        "apg": {"cfg_type": "full", "guidance": 4.0, "guidance_mode": "apg", "apg_norm_threshold": 5.0},
+        "rescale": {"cfg_type": "full", "guidance": 4.0, "cfg_rescale": 0.7},
+    }.items():
+        session = StreamSession(tiny_model, depth=1)
+        h = session.submit(Request(**{**base.__dict__, **kw}))
+        rows = []
+        while not session.idle:
+            session.tick()
+            rows.append(session.last_stats.rows)
+        results[name] = h.result
+        if name == "init":
+            assert rows == [2, 1, 1, 1]
+        if name == "self":
+            assert rows == [1, 1, 1, 1]
+        if name == "full":
+            assert rows == [2, 2, 2, 2]
+    names = list(results)
+    for i, a in enumerate(names):
+        assert torch.isfinite(results[a]).all()
+        for b in names[i + 1 :]:
+            assert not torch.allclose(results[a], results[b]), (a, b)
+    # guidance 1 with cfg is plain: no negative pass at all
+    session = StreamSession(tiny_model, depth=1)
+    session.submit(Request(**{**base.__dict__, "cfg_type": "full", "guidance": 1.0}))
+    session.tick()
+    assert session.last_stats.rows == 1
+
+
+def test_fused_and_per_slot_cfg_agree(tiny_model, rng):
+    r = _req(rng, seed=2, cfg_type="full", guidance=3.0, guidance_curve=[1.0, 2.0])
+    a = StreamSession(tiny_model, depth=1)
+    ha = a.submit(Request(**r.__dict__))
+    a.run_until_idle()
+    b = StreamSession(tiny_model, depth=1, fused_cfg=False)
+    hb = b.submit(Request(**r.__dict__))
+    b.run_until_idle()
+    torch.testing.assert_close(ha.result, hb.result, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_curves_apply_from_the_next_tick(tiny_model, rng):
+    r = _req(rng, seed=1, steps=4)
+    ref = StreamSession(tiny_model, depth=1)
+    href = ref.submit(Request(**r.__dict__))
+    ref.tick()
+    x_ref_1 = ref.state[0, :8].clone()
+    session = StreamSession(tiny_model, depth=1)
+    h = session.submit(Request(**r.__dict__))
+    session.set_shared_curves(velocity_scale=[0.5])
+    # not yet applied to the tick in flight? it is applied at the start of the next tick call
+    session.tick()
+    assert not torch.equal(session.state[0, :8], x_ref_1)
+    session.set_shared_curves()
+    session.run_until_idle()
+    ref.run_until_idle()
+    assert not torch.allclose(h.result, href.result)
+    with pytest.raises(ValueError, match="finite"):
+        session.set_shared_curves(noise=[math.nan])
+
+
+def test_partial_denoise_starts_from_the_init_latent(tiny_model, rng):
+    init = torch.randn(8, 64, generator=rng)
+    r = _req(rng, steps=8, denoise=0.25, init_latent=init)
+    session = StreamSession(tiny_model, depth=1)
+    h = session.submit(r)
+    session.run_until_idle()
+    assert h.steps == 2
+    full = _req(rng, steps=8)
+    assert (h.result - init).norm() < (_solo(tiny_model, full) - init).norm()
+
+
+def test_sde_noise_and_dcw_are_deterministic_per_seed(tiny_model, rng):
+    r = _req(rng, seed=9, noise=[0.5, 0.0], dcw=(0.3, 0.2))
+    a, b = _solo(tiny_model, Request(**r.__dict__)), _solo(tiny_model, Request(**r.__dict__))
+    assert torch.equal(a, b)
+    plain = _solo(tiny_model, Request(**{**r.__dict__, "noise": None, "dcw": None}))
+    assert not torch.allclose(a, plain)
+
+
+def test_padded_states_are_memoised_and_callers_lists_untouched(tiny_model, rng):
+    session = StreamSession(tiny_model, depth=2)
+    cond = torch.randn(3, 32, generator=rng)
+    r = Request(frames=8, cond=cond, steps=4)
+    session.submit(r)
+    session.submit(_req(rng, length=5))
+    for _ in range(3):
+        session.tick()
+    assert session._cond_cache.misses == 1 and session._cond_cache.hits == 2
+    assert r.cond is cond
+
+
+def test_streaming_keeps_intermediates(tiny_model, rng):
+    session = StreamSession(tiny_model, depth=1)
+    h = session.submit(_req(rng, stream=True, steps=3))
+    session.run_until_idle()
+    assert len(h.intermediates) == 3 and torch.equal(h.intermediates[-1], h.result)

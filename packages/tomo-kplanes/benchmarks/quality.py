@@ -1,0 +1,68 @@
+"""Reconstruction quality on the 128³ Shepp–Logan phantom, ±60° in 2° steps (a missing wedge),
+noiseless and with Poisson noise: PSNR / SSIM and wall time of SIRT and of the rotated K-Planes
+field. Iteration counts are cut to keep the whole script under 4 minutes on an H100: SIRT 40
+iterations, the field 1,500 steps (both would gain from longer runs)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+from triton_dispatch.bench import benchmark_arguments, environment
+
+from tomo_kplanes.geometry import TiltGeometry, tilt_range
+from tomo_kplanes.metrics import psnr, ssim
+from tomo_kplanes.objective import LossWeights
+from tomo_kplanes.phantoms import shepp_logan_3d, simulate_tilt_series
+from tomo_kplanes.sirt import sirt
+from tomo_kplanes.train import ReconstructionConfig, reconstruct, render_volume
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    args = benchmark_arguments(__doc__).parse_args()
+    device = torch.device(args.device)
+    size, sirt_iters, steps = (24, 5, 60) if args.quick else (128, 40, 1500)
+    truth = shepp_logan_3d(size, device=device)
+    geo = TiltGeometry(tilt_range(60, 2 if not args.quick else 10), (size, size))
+    rows = []
+    for noise in (None, 2000.0):
+        series = simulate_tilt_series(truth, geo, dose=noise, seed=1)
+        _sync(device)
+        t0 = time.perf_counter()
+        xs = sirt(series, geo, truth.shape, iterations=sirt_iters, n_samples=size)
+        _sync(device)
+        t_sirt = time.perf_counter() - t0
+        cfg = ReconstructionConfig(
+            resolution=size, channels=16, rotations=4, steps=steps, rays_per_batch=1024,
+            samples_per_ray=size, tv_points=4096, weights=LossWeights(volume_tv=2e-4, plane_tv=1e-4),
+            eval_every=0, progress=False,
+        )
+        t0 = time.perf_counter()
+        result = reconstruct(series, geo, cfg)
+        xo = render_volume(result.object_model, truth.shape)
+        _sync(device)
+        t_ours = time.perf_counter() - t0
+        label = "noiseless" if noise is None else f"poisson dose {noise:g}"
+        for method, vol, secs in (("SIRT", xs, t_sirt), ("rotated K-Planes", xo, t_ours)):
+            rows.append({"data": label, "method": method, "psnr_db": psnr(truth, vol),
+                         "ssim": ssim(truth, vol), "seconds": secs})
+    print(f"{'data':<20} {'method':<18} {'PSNR dB':>8} {'SSIM':>7} {'s':>7}")
+    for r in rows:
+        print(f"{r['data']:<20} {r['method']:<18} {r['psnr_db']:8.2f} {r['ssim']:7.4f} {r['seconds']:7.1f}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "meta": {"script": "quality.py", "quick": args.quick, "size": size,
+                     "sirt_iterations": sirt_iters, "field_steps": steps, **environment(device)},
+            "rows": rows,
+        }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""``tilted_plane_features``: rotated tri-plane (K-Planes / TILTED) feature interpolation.
+
+The public function validates its inputs, picks a backend with ``triton_dispatch`` and either runs
+the PyTorch reference (``grid_sample``; CPU, MPS, ``backend="torch"``) or the fused Triton kernels
+through the custom op ``tomo_kplanes::tilted_plane_features`` (with a fake implementation and an
+autograd formula, so it traces under ``torch.compile(fullgraph=True)``). See ``reference.py`` for the
+axis conventions.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton_dispatch import common_device, select_backend, uses_triton
+
+from .reference import PLANE_AXES, rotate_points, tilted_plane_features_reference
+
+__all__ = [
+    "PLANE_AXES",
+    "rotate_points",
+    "tilted_plane_features",
+    "tilted_plane_features_reference",
+]
+
+_KERNEL_DTYPES = (torch.float32, torch.float64)
+
+
+def _validate(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor) -> None:
+    for name, t in (("points", points), ("rotations", rotations), ("planes", planes)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {t.dtype}")
+    if points.dim() != 2 or points.shape[1] != 3:
+        raise ValueError(f"points must have shape (N, 3), got {tuple(points.shape)}")
+    if rotations.dim() != 3 or rotations.shape[1:] != (3, 3) or rotations.shape[0] < 1:
+        raise ValueError(f"rotations must have shape (T, 3, 3) with T >= 1, got {tuple(rotations.shape)}")
+    t = rotations.shape[0]
+    if planes.dim() != 4 or planes.shape[0] != 3 * t:
+        raise ValueError(
+            f"planes must have shape (3T, C, H, W) = ({3 * t}, C, H, W) for T={t} rotations, "
+            f"got {tuple(planes.shape)}"
+        )
+    if min(planes.shape[1:]) < 1:
+        raise ValueError(f"planes needs C, H, W >= 1, got {tuple(planes.shape)}")
+    if not (points.dtype == rotations.dtype == planes.dtype):
+        raise TypeError(
+            "points, rotations and planes must share one dtype, got "
+            f"{points.dtype}, {rotations.dtype}, {planes.dtype}"
+        )
+
+
+def tilted_plane_features(
+    points: torch.Tensor,
+    rotations: torch.Tensor,
+    planes: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Features ``(N, T·C)`` of ``points`` sampled from ``T`` rotated triplets of feature planes.
+
+    For each rotation ``t`` the points are rotated (``q = R_t p``), the planes ``3t`` (XY), ``3t+1``
+    (ZX) and ``3t+2`` (YZ) are sampled bilinearly (``align_corners=True``, border clamping) and the
+    three samples multiplied; the results are concatenated over rotations (column ``t·C + c``).
+
+    Args:
+        points: ``(N, 3)`` coordinates ``(x, y, z)`` in ``[-1, 1]`` (outside is clamped).
+        rotations: ``(T, 3, 3)`` matrices (any matrices work; the model passes rotations).
+        planes: ``(3T, C, H, W)`` feature planes; channels-last memory makes the kernel's channel
+            reads contiguous.
+        backend: ``"auto"`` (default), ``"triton"``, ``"interpret"`` or ``"torch"``.
+
+    Returns:
+        ``(N, T·C)`` in the inputs' dtype. Differentiable w.r.t. all three inputs; the gradient
+        w.r.t. a coordinate is zero where the border clamp is active, as in ``grid_sample``.
+
+    Raises:
+        TypeError: non-float or mismatched dtypes (the Triton path takes float32 or float64).
+        ValueError: wrong shapes or tensors on different devices.
+    """
+    _validate(points, rotations, planes)
+    device = common_device((points, rotations, planes), names=("points", "rotations", "planes"))
+    chosen = _choose_backend(str(device), backend)
+    if not uses_triton(chosen):
+        return tilted_plane_features_reference(points, rotations, planes)
+    if planes.dtype not in _KERNEL_DTYPES:
+        raise TypeError(
+            f"the Triton path of tilted_plane_features takes float32 or float64, got {planes.dtype}; "
+            "cast the inputs or pass backend='torch'"
+        )
+    return _fused(points, rotations, planes)
+
+
+@torch._dynamo.assume_constant_result
+def _choose_backend(device: str, backend: str | None) -> str:
+    # select_backend reads the environment and probes for triton, which dynamo cannot trace; the
+    # choice depends only on the device and settings, so a traced graph can take it as a constant.
+    return select_backend(device=torch.device(device), backend=backend)
+
+
+def _fused(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+    return torch.ops.tomo_kplanes.tilted_plane_features(points, rotations, planes)
+
+
+@torch.library.custom_op("tomo_kplanes::tilted_plane_features", mutates_args=())
+def _features_op(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+    from .forward import forward_triton
+
+    return forward_triton(points, rotations, planes)
+
+
+@_features_op.register_fake
+def _(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+    return planes.new_empty((points.shape[0], rotations.shape[0] * planes.shape[1]))
+
+
+@torch.library.custom_op("tomo_kplanes::tilted_plane_features_backward", mutates_args=())
+def _features_backward_op(
+    grad_out: torch.Tensor,
+    points: torch.Tensor,
+    rotations: torch.Tensor,
+    planes: torch.Tensor,
+    coordinate_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    from .backward import backward_triton
+
+    return backward_triton(grad_out, points, rotations, planes, coordinate_grad)
+
+
+@_features_backward_op.register_fake
+def _(grad_out, points, rotations, planes, coordinate_grad):
+    return (
+        points.new_empty(points.shape),
+        rotations.new_empty(rotations.shape),
+        torch.empty_like(planes),
+    )
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    points, rotations, planes = inputs
+    ctx.save_for_backward(points, rotations, planes)
+
+
+def _backward(ctx, grad_out):
+    points, rotations, planes = ctx.saved_tensors
+    need_points, need_rotations, need_planes = ctx.needs_input_grad
+    grad_points, grad_rot, grad_planes = torch.ops.tomo_kplanes.tilted_plane_features_backward(
+        grad_out.contiguous(), points, rotations, planes, bool(need_points or need_rotations)
+    )
+    return (
+        grad_points if need_points else None,
+        grad_rot if need_rotations else None,
+        grad_planes if need_planes else None,
+    )
+
+
+_features_op.register_autograd(_backward, setup_context=_setup_context)

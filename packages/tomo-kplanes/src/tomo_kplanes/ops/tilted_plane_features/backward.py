@@ -1,0 +1,158 @@
+"""Triton backward of ``tilted_plane_features``.
+
+One program per block of points loops over the rotations, recomputes the three samples, scatters
+the plane gradients with atomics, and (when asked) reduces the coordinate gradients to the
+rotation gradients (atomics, 9 scalars per program and rotation) and the point gradients (plain
+stores: one program owns its points across all rotations).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton_dispatch import autotune, config_space, next_power_of_2
+
+from .sampling import sample_plane_with_slopes, scatter_plane_grad
+
+
+@autotune(
+    config_space({"BLOCK_N": [32, 64, 128]}, num_warps=[2, 4, 8], num_stages=[1]),
+    key=["BLOCK_C", "T", "COORD_GRAD"],
+    reset_to_zero=["grad_rot_ptr", "grad_planes_ptr"],
+    interpret_config=triton.Config({"BLOCK_N": 16}, num_warps=1, num_stages=1),
+)
+@triton.jit
+def _backward_kernel(
+    grad_out_ptr, points_ptr, rot_ptr, planes_ptr,
+    grad_points_ptr, grad_rot_ptr, grad_planes_ptr,
+    N, C, H, W,
+    stride_gn, stride_gc,
+    stride_pn, stride_pd,
+    stride_rt, stride_ri, stride_rj,
+    stride_lp, stride_lc, stride_lh, stride_lw,
+    stride_glp, stride_glc, stride_glh, stride_glw,
+    T_BUCKET,
+    T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COORD_GRAD: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_c = tl.arange(0, BLOCK_C)
+    n_mask = offs_n < N
+    mask = n_mask[:, None] & (offs_c < C)[None, :]
+
+    px = tl.load(points_ptr + offs_n * stride_pn, mask=n_mask, other=0.0)
+    py = tl.load(points_ptr + offs_n * stride_pn + stride_pd, mask=n_mask, other=0.0)
+    pz = tl.load(points_ptr + offs_n * stride_pn + 2 * stride_pd, mask=n_mask, other=0.0)
+    gpx = px * 0.0
+    gpy = px * 0.0
+    gpz = px * 0.0
+    c_off = (offs_c * stride_lc)[None, :]
+    gc_off = (offs_c * stride_glc)[None, :]
+
+    for t in range(0, T):
+        r = rot_ptr + t * stride_rt
+        r00 = tl.load(r)
+        r01 = tl.load(r + stride_rj)
+        r02 = tl.load(r + 2 * stride_rj)
+        r10 = tl.load(r + stride_ri)
+        r11 = tl.load(r + stride_ri + stride_rj)
+        r12 = tl.load(r + stride_ri + 2 * stride_rj)
+        r20 = tl.load(r + 2 * stride_ri)
+        r21 = tl.load(r + 2 * stride_ri + stride_rj)
+        r22 = tl.load(r + 2 * stride_ri + 2 * stride_rj)
+        qx = r00 * px + r01 * py + r02 * pz
+        qy = r10 * px + r11 * py + r12 * pz
+        qz = r20 * px + r21 * py + r22 * pz
+
+        g_ptrs = (
+            grad_out_ptr
+            + offs_n.to(tl.int64)[:, None] * stride_gn
+            + (t * C + offs_c)[None, :] * stride_gc
+        )
+        g = tl.load(g_ptrs, mask=mask, other=0.0).to(px.dtype)
+
+        base = planes_ptr + 3 * t * stride_lp
+        s0, du0, dv0, a00, a01, a10, a11, fu0, fv0 = sample_plane_with_slopes(
+            base, c_off, mask, qx, qy, W, H, stride_lh, stride_lw
+        )
+        s1, du1, dv1, b00, b01, b10, b11, fu1, fv1 = sample_plane_with_slopes(
+            base + stride_lp, c_off, mask, qz, qx, W, H, stride_lh, stride_lw
+        )
+        s2, du2, dv2, e00, e01, e10, e11, fu2, fv2 = sample_plane_with_slopes(
+            base + 2 * stride_lp, c_off, mask, qy, qz, W, H, stride_lh, stride_lw
+        )
+        g0 = g * s1 * s2
+        g1 = g * s0 * s2
+        g2 = g * s0 * s1
+
+        gbase = grad_planes_ptr + 3 * t * stride_glp
+        # grad_planes shares the planes' strides (see backward_triton), so texel offsets carry over
+        scatter_plane_grad(gbase, gc_off, mask, g0, a00, a01, a10, a11, fu0, fv0)
+        scatter_plane_grad(gbase + stride_glp, gc_off, mask, g1, b00, b01, b10, b11, fu1, fv1)
+        scatter_plane_grad(gbase + 2 * stride_glp, gc_off, mask, g2, e00, e01, e10, e11, fu2, fv2)
+
+        if COORD_GRAD:
+            # plane 0 reads (qx → W, qy → H), plane 1 (qz, qx), plane 2 (qy, qz)
+            gqx = tl.sum(g0 * du0, axis=1) + tl.sum(g1 * dv1, axis=1)
+            gqy = tl.sum(g0 * dv0, axis=1) + tl.sum(g2 * du2, axis=1)
+            gqz = tl.sum(g1 * du1, axis=1) + tl.sum(g2 * dv2, axis=1)
+            gr = grad_rot_ptr + t * 9
+            tl.atomic_add(gr + 0, tl.sum(gqx * px, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 1, tl.sum(gqx * py, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 2, tl.sum(gqx * pz, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 3, tl.sum(gqy * px, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 4, tl.sum(gqy * py, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 5, tl.sum(gqy * pz, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 6, tl.sum(gqz * px, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 7, tl.sum(gqz * py, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 8, tl.sum(gqz * pz, axis=0), sem="relaxed")
+            gpx += r00 * gqx + r10 * gqy + r20 * gqz
+            gpy += r01 * gqx + r11 * gqy + r21 * gqz
+            gpz += r02 * gqx + r12 * gqy + r22 * gqz
+
+    if COORD_GRAD:
+        gp = grad_points_ptr + offs_n * 3
+        tl.store(gp, gpx, mask=n_mask)
+        tl.store(gp + 1, gpy, mask=n_mask)
+        tl.store(gp + 2, gpz, mask=n_mask)
+
+
+def backward_triton(
+    grad_out: torch.Tensor,
+    points: torch.Tensor,
+    rotations: torch.Tensor,
+    planes: torch.Tensor,
+    coordinate_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(grad_points, grad_rotations, grad_planes)``. With ``coordinate_grad=False`` the first two
+    are zeros (nothing upstream needs them)."""
+    n = points.shape[0]
+    t = rotations.shape[0]
+    _, c, h, w = planes.shape
+    # same strides as planes, so the kernel can reuse the texel offsets it computes for the planes
+    grad_planes = torch.zeros_like(planes, memory_format=torch.preserve_format)
+    if grad_planes.stride() != planes.stride():
+        grad_planes = torch.zeros_like(planes.contiguous())
+        planes = planes.contiguous()
+    grad_rot = torch.zeros((t, 3, 3), dtype=planes.dtype, device=planes.device)
+    grad_points = (
+        torch.empty((n, 3), dtype=planes.dtype, device=planes.device)
+        if coordinate_grad
+        else torch.zeros((n, 3), dtype=planes.dtype, device=planes.device)
+    )
+    if n == 0:
+        return grad_points.zero_(), grad_rot, grad_planes
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)
+    _backward_kernel[grid](
+        grad_out, points, rotations, planes,
+        grad_points, grad_rot, grad_planes,
+        n, c, h, w,
+        *grad_out.stride(), *points.stride(), *rotations.stride(), *planes.stride(),
+        *grad_planes.stride(),
+        min(next_power_of_2(t), 8),
+        T=t,
+        BLOCK_C=next_power_of_2(c),
+        COORD_GRAD=coordinate_grad,
+    )
+    return grad_points, grad_rot, grad_planes

@@ -1,0 +1,88 @@
+"""Bilinear plane sampling shared by the forward and backward kernels.
+
+Reproduces ``grid_sample(mode="bilinear", padding_mode="border", align_corners=True)`` for one
+plane, on a ``(BLOCK_N, BLOCK_C)`` tile: normalised coordinates map to texel units by
+``(c + 1) / 2 · (size − 1)``, are clamped to ``[0, size − 1]``, and the derivative through the clamp is
+zero wherever it is active (at the bounds included), as in PyTorch.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def texel_coordinate(coord, size):
+    """Clamped texel coordinate, its lower/upper neighbour indices, the fraction between them, and
+    the derivative of the texel coordinate w.r.t. ``coord`` (0 where the clamp is active)."""
+    top = (size - 1).to(coord.dtype)
+    x = (coord + 1.0) * 0.5 * top
+    slope = tl.where((x > 0.0) & (x < top), 0.5 * top, 0.0)
+    x = tl.minimum(tl.maximum(x, 0.0), top)
+    # x >= 0 here, so truncation is floor
+    i0 = tl.minimum(x.to(tl.int32), size - 1)
+    i1 = tl.minimum(i0 + 1, size - 1)
+    frac = x - i0.to(x.dtype)
+    return i0, i1, frac, slope
+
+
+@triton.jit
+def plane_offsets(u, v, W, H, stride_h, stride_w):
+    """Element offsets of the four texels around ``(u → W, v → H)`` and the bilinear fractions."""
+    u0, u1, fu, su = texel_coordinate(u, W)
+    v0, v1, fv, sv = texel_coordinate(v, H)
+    o00 = v0.to(tl.int64) * stride_h + u0.to(tl.int64) * stride_w
+    o01 = v0.to(tl.int64) * stride_h + u1.to(tl.int64) * stride_w
+    o10 = v1.to(tl.int64) * stride_h + u0.to(tl.int64) * stride_w
+    o11 = v1.to(tl.int64) * stride_h + u1.to(tl.int64) * stride_w
+    return o00, o01, o10, o11, fu, fv, su, sv
+
+
+@triton.jit
+def sample_plane(plane_ptr, c_off, mask, u, v, W, H, stride_h, stride_w):
+    """``(BLOCK_N, BLOCK_C)`` bilinear samples; ``c_off`` is ``channel · stride_c`` (1, BLOCK_C)."""
+    o00, o01, o10, o11, fu, fv, su, sv = plane_offsets(u, v, W, H, stride_h, stride_w)
+    v00 = tl.load(plane_ptr + o00[:, None] + c_off, mask=mask, other=0.0)
+    v01 = tl.load(plane_ptr + o01[:, None] + c_off, mask=mask, other=0.0)
+    v10 = tl.load(plane_ptr + o10[:, None] + c_off, mask=mask, other=0.0)
+    v11 = tl.load(plane_ptr + o11[:, None] + c_off, mask=mask, other=0.0)
+    fu2 = fu[:, None]
+    fv2 = fv[:, None]
+    top = v00 + (v01 - v00) * fu2
+    bottom = v10 + (v11 - v10) * fu2
+    return top + (bottom - top) * fv2
+
+
+@triton.jit
+def sample_plane_with_slopes(plane_ptr, c_off, mask, u, v, W, H, stride_h, stride_w):
+    """Samples plus their derivatives w.r.t. the normalised ``u`` and ``v`` coordinates, and the
+    offsets/fractions the backward needs to scatter into the plane."""
+    o00, o01, o10, o11, fu, fv, su, sv = plane_offsets(u, v, W, H, stride_h, stride_w)
+    v00 = tl.load(plane_ptr + o00[:, None] + c_off, mask=mask, other=0.0)
+    v01 = tl.load(plane_ptr + o01[:, None] + c_off, mask=mask, other=0.0)
+    v10 = tl.load(plane_ptr + o10[:, None] + c_off, mask=mask, other=0.0)
+    v11 = tl.load(plane_ptr + o11[:, None] + c_off, mask=mask, other=0.0)
+    fu2 = fu[:, None]
+    fv2 = fv[:, None]
+    top = v00 + (v01 - v00) * fu2
+    bottom = v10 + (v11 - v10) * fu2
+    value = top + (bottom - top) * fv2
+    d_u = ((v01 - v00) + ((v11 - v10) - (v01 - v00)) * fv2) * su[:, None]
+    d_v = (bottom - top) * sv[:, None]
+    return value, d_u, d_v, o00, o01, o10, o11, fu, fv
+
+
+@triton.jit
+def scatter_plane_grad(
+    grad_ptr, c_off, mask, grad, o00, o01, o10, o11, fu, fv
+):
+    """Accumulate ``grad`` (BLOCK_N, BLOCK_C) into the four texels with the bilinear weights."""
+    fu2 = fu[:, None]
+    fv2 = fv[:, None]
+    g_top = grad * (1.0 - fv2)
+    g_bottom = grad * fv2
+    tl.atomic_add(grad_ptr + o00[:, None] + c_off, g_top * (1.0 - fu2), mask=mask, sem="relaxed")
+    tl.atomic_add(grad_ptr + o01[:, None] + c_off, g_top * fu2, mask=mask, sem="relaxed")
+    tl.atomic_add(grad_ptr + o10[:, None] + c_off, g_bottom * (1.0 - fu2), mask=mask, sem="relaxed")
+    tl.atomic_add(grad_ptr + o11[:, None] + c_off, g_bottom * fu2, mask=mask, sem="relaxed")

@@ -1,0 +1,238 @@
+"""The reconstruction loop: device-resident shuffled ray batches, Adam with parameter groups,
+gradient clipping, a cosine schedule, periodic checkpoints with resume, early stopping on held-out
+pixels, and data-parallel training under ``torch.distributed`` (each rank its own shard of rays)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .geometry import TiltGeometry, grid_points
+from .model import KPlanes, KPlanesTilted
+from .objective import (
+    DensityConstraints,
+    LossWeights,
+    ReconstructionContext,
+    TomographyObject,
+    reconstruction_loss,
+)
+
+
+@dataclass
+class ReconstructionConfig:
+    """Everything a reconstruction run needs besides the data."""
+
+    resolution: int = 64
+    channels: int = 16
+    rotations: int = 4
+    scales: tuple[float, ...] = (1.0,)
+    decoder: str = "linear"
+    steps: int = 1000
+    rays_per_batch: int = 1024
+    samples_per_ray: int = 128
+    lr_planes: float = 2e-2
+    lr_decoder: float = 5e-3
+    lr_rotations: float = 1e-3
+    warmup_steps: int = 20
+    grad_clip: float = 1.0
+    weights: LossWeights = field(default_factory=LossWeights)
+    tv_points: int = 2048
+    fold_taps: bool = True
+    constraints: DensityConstraints = field(default_factory=DensityConstraints)
+    holdout_fraction: float = 0.02
+    eval_every: int = 100
+    patience: int = 5
+    checkpoint_every: int = 0
+    checkpoint_path: str | None = None
+    seed: int = 0
+    progress: bool = True
+    backend: str | None = None
+
+
+@dataclass
+class ReconstructionResult:
+    object_model: TomographyObject
+    losses: list[float]
+    holdout_losses: list[float]
+    steps_run: int
+    stopped_early: bool
+
+
+def build_object(config: ReconstructionConfig, device: torch.device | str) -> TomographyObject:
+    g = torch.Generator().manual_seed(config.seed)
+    common = dict(scales=config.scales, decoder=config.decoder, backend=config.backend, generator=g)
+    if config.rotations == 0:
+        field_model: nn.Module = KPlanes(config.resolution, config.channels, **common)
+    else:
+        field_model = KPlanesTilted(
+            config.resolution, config.channels, rotations=config.rotations, **common
+        )
+    return TomographyObject(field_model, config.constraints).to(device)
+
+
+def make_optimizer(obj: TomographyObject, config: ReconstructionConfig) -> torch.optim.Adam:
+    groups = obj.field.parameter_groups()
+    lrs = {"planes": config.lr_planes, "decoder": config.lr_decoder, "rotations": config.lr_rotations}
+    return torch.optim.Adam(
+        [{"params": groups[k], "lr": lrs[k], "name": k} for k in ("planes", "decoder", "rotations") if groups[k]]
+    )
+
+
+def cosine_schedule(optimizer, total: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _split_rays(n_rays: int, config: ReconstructionConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(config.seed + 1)
+    perm = torch.randperm(n_rays, generator=g)
+    n_hold = int(round(n_rays * config.holdout_fraction)) if config.holdout_fraction > 0 else 0
+    return perm[n_hold:].to(device), perm[:n_hold].to(device)
+
+
+def reconstruct(
+    tilt_series: torch.Tensor,
+    geometry: TiltGeometry,
+    config: ReconstructionConfig | None = None,
+    *,
+    resume: bool = False,
+) -> ReconstructionResult:
+    """Fit a rotated K-Planes field to a tilt series ``(n_tilts, n_v, n_u)``.
+
+    Under an initialised ``torch.distributed`` process group the field is wrapped in
+    ``DistributedDataParallel`` and each rank trains on its own shard of the training rays.
+    """
+    from tqdm.auto import tqdm
+
+    config = config or ReconstructionConfig()
+    if tilt_series.dim() != 3 or tuple(tilt_series.shape) != (geometry.num_tilts, *geometry.detector_shape):
+        raise ValueError(
+            f"tilt_series must have shape (n_tilts, n_v, n_u) = "
+            f"({geometry.num_tilts}, {geometry.detector_shape[0]}, {geometry.detector_shape[1]}), "
+            f"got {tuple(tilt_series.shape)}"
+        )
+    if not torch.isfinite(tilt_series).all():
+        raise ValueError("tilt_series holds non-finite pixels")
+    device = tilt_series.device
+    torch.manual_seed(config.seed)
+    geometry = geometry.to(device)
+    target = tilt_series.reshape(-1).float()
+    obj = build_object(config, device)
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    if distributed:
+        obj.field = nn.parallel.DistributedDataParallel(obj.field)
+    inner = obj.field.module if distributed else obj.field
+    optimizer = make_optimizer(_Unwrapped(obj, inner), config)
+    scheduler = cosine_schedule(optimizer, config.steps, config.warmup_steps)
+
+    train_rays, held_rays = _split_rays(geometry.num_rays, config, device)
+    train_rays = train_rays[rank::world]
+    gen = torch.Generator(device=device).manual_seed(config.seed + 2 + rank)
+    step0, losses, held_losses = 0, [], []
+    ckpt = Path(config.checkpoint_path) if config.checkpoint_path else None
+    if resume and ckpt is not None and ckpt.exists():
+        state = torch.load(ckpt, map_location=device, weights_only=False)
+        inner.load_state_dict(state["field"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        gen.set_state(state["generator"].cpu() if device.type == "cpu" else state["generator"])
+        step0, losses, held_losses = state["step"], state["losses"], state["holdout_losses"]
+
+    batch = min(config.rays_per_batch, max(1, train_rays.numel()))
+    per_epoch = max(1, train_rays.numel() // batch)
+    order = torch.randperm(train_rays.numel(), generator=gen, device=device)
+    best, bad, stopped = math.inf, 0, False
+    bar = tqdm(range(step0, config.steps), disable=not config.progress or rank != 0, desc="reconstruct")
+    step = step0
+    for step in bar:
+        slot = step % per_epoch
+        if slot == 0 and step > step0:
+            order = torch.randperm(train_rays.numel(), generator=gen, device=device)
+        rays = train_rays[order[slot * batch : (slot + 1) * batch]]
+        points, steps = geometry.rays(rays, config.samples_per_ray)
+        ctx = ReconstructionContext()
+        if config.weights.volume_tv > 0:
+            ctx.tv_tap_points = obj.sample_tv_tap_coords(config.tv_points, generator=gen, device=device)
+        loss, _ = _loss(obj, inner, points, steps, target[rays], config, ctx)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.grad_clip > 0:
+            nn.utils.clip_grad_norm_(obj.parameters(), config.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        if (step + 1) % 10 == 0 or step + 1 == config.steps:
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{losses[-1]:.3e}")
+        if held_rays.numel() and config.eval_every and (step + 1) % config.eval_every == 0:
+            held = _holdout_loss(obj, geometry, held_rays, target, config)
+            held_losses.append(held)
+            if held < best * (1 - 1e-4):
+                best, bad = held, 0
+            else:
+                bad += 1
+                if bad >= config.patience:
+                    stopped = True
+                    break
+        if ckpt is not None and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and rank == 0:
+            ckpt.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(
+                {
+                    "field": inner.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "generator": gen.get_state(),
+                    "step": step + 1, "losses": losses, "holdout_losses": held_losses,
+                    "config": asdict(config),
+                },
+                ckpt,
+            )
+    bar.close()
+    if distributed:
+        obj.field = inner
+    return ReconstructionResult(obj, losses, held_losses, step + 1, stopped)
+
+
+class _Unwrapped:
+    """The object model seen through its unwrapped field (for parameter groups under DDP)."""
+
+    def __init__(self, obj, inner):
+        self.field = inner
+
+
+def _loss(obj, inner, points, steps, target, config, ctx):
+    loss, terms = reconstruction_loss(
+        obj, points, steps, target, LossWeights(config.weights.volume_tv, 0.0), ctx,
+        fold_taps=config.fold_taps,
+    )
+    if config.weights.plane_tv > 0:
+        loss = loss + config.weights.plane_tv * inner.plane_tv()
+    return loss, terms
+
+
+@torch.no_grad()
+def _holdout_loss(obj, geometry, rays, target, config) -> float:
+    total = 0.0
+    for start in range(0, rays.numel(), config.rays_per_batch):
+        idx = rays[start : start + config.rays_per_batch]
+        points, steps = geometry.rays(idx, config.samples_per_ray)
+        dens = obj.densities(points.reshape(-1, 3)).reshape(points.shape[:2])
+        total += float(((dens.sum(1) * steps - target[idx]) ** 2).sum())
+    return total / rays.numel()
+
+
+@torch.no_grad()
+def render_volume(obj: TomographyObject, shape: tuple[int, int, int], *, chunk: int = 65536) -> torch.Tensor:
+    """The constrained density field sampled on a ``(Z, Y, X)`` voxel grid."""
+    device = next(obj.parameters()).device
+    pts = grid_points(shape, device)
+    out = torch.cat([obj.densities(pts[i : i + chunk]) for i in range(0, pts.shape[0], chunk)])
+    return out.reshape(shape)

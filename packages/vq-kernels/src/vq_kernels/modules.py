@@ -1,0 +1,232 @@
+"""``VectorQuantizer`` and ``ResidualVQ``: nn.Modules over the fused ops.
+
+Both keep stacked codebooks ``(L, K, D)`` (``L = 1`` for :class:`VectorQuantizer`) so that the EMA
+update of every level runs as one fused call after the residual search.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ops.ema_update import _DEFAULT, DEFAULT_THRESHOLDS, SEMANTICS, ema_statistics, ema_update_
+from .ops.quantize import METRICS, quantize
+
+__all__ = ["ResidualVQ", "VQOutput", "VectorQuantizer", "perplexity"]
+
+
+class VQOutput(NamedTuple):
+    """What a quantizer's forward returns.
+
+    Attributes:
+        quantized: ``(..., D)`` straight-through output (value of the quantized vector, gradient of
+            the identity to the input).
+        codes: ``(...,)`` for :class:`VectorQuantizer`, ``(..., L)`` for :class:`ResidualVQ`, int64.
+        loss: scalar: commitment loss × weight (+ codebook loss when the codebook is learned).
+        restarted: bool ``(K,)`` / ``(L, K)`` codes restarted by this step's EMA update, or None
+            (eval mode, or a learned codebook).
+    """
+
+    quantized: torch.Tensor
+    codes: torch.Tensor
+    loss: torch.Tensor
+    restarted: torch.Tensor | None
+
+
+def perplexity(codes: torch.Tensor, num_codes: int) -> torch.Tensor:
+    """``exp(entropy)`` of the code histogram: K when codes are used uniformly, 1 when one code
+    takes everything. ``codes`` of any shape; returns a 0-d fp32 tensor."""
+    counts = torch.bincount(codes.reshape(-1).long(), minlength=num_codes).float()
+    p = counts / counts.sum().clamp_min(1)
+    return torch.exp(-(p * torch.log(p.clamp_min(1e-12))).sum())
+
+
+class ResidualVQ(nn.Module):
+    """Residual vector quantizer: ``L`` codebooks, level ``l`` quantizes the residual
+    ``r_l = r_{l-1} − q_l`` (``r_0 = x``); the output is ``Σ q_l`` with a straight-through gradient.
+
+    Args:
+        dim: vector size ``D``.
+        codebook_size: codes per level ``K``.
+        num_levels: ``L``.
+        ema: keep the codebooks as EMA buffers updated by :func:`vq_kernels.ema_update_` in
+            training mode (default); False makes them a learned ``nn.Parameter`` trained by the
+            codebook loss ``‖q − sg(r)‖²``.
+        decay, eps, semantics, dead_threshold, deterministic: passed to ``ema_update_``.
+        commitment_weight: weight of ``‖r − sg(q)‖²`` (per level, summed over levels).
+        metric: ``"l2"`` or ``"cosine"`` nearest-code search.
+        kmeans_init: initialise each level's codebook by k-means (``kmeans_iters`` Lloyd steps, on the
+            device) on the first training batch's residuals.
+        process_group: a ``torch.distributed`` group: EMA statistics (and k-means statistics) are
+            all-reduced over it and restart rows come from group rank 0, so ranks stay identical.
+        backend: kernel backend for every op (``None``: automatic).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        codebook_size: int,
+        num_levels: int = 1,
+        *,
+        ema: bool = True,
+        decay: float = 0.99,
+        eps: float = 1e-5,
+        commitment_weight: float = 0.25,
+        semantics: str = "active_only",
+        dead_threshold: float | None = _DEFAULT,  # type: ignore[assignment]
+        metric: str = "l2",
+        kmeans_init: bool = False,
+        kmeans_iters: int = 10,
+        deterministic: bool = False,
+        process_group=None,
+        backend: str | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        if dim < 1 or codebook_size < 1 or num_levels < 1:
+            raise ValueError(
+                f"dim, codebook_size and num_levels must be >= 1, got {dim}, {codebook_size}, "
+                f"{num_levels}"
+            )
+        if semantics not in SEMANTICS:
+            raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
+        if metric not in METRICS:
+            raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+        if dead_threshold is not _DEFAULT and dead_threshold is not None and not dead_threshold > 0:
+            raise ValueError(f"dead_threshold must be > 0 or None, got {dead_threshold}")
+        self.dim, self.codebook_size, self.num_levels = dim, codebook_size, num_levels
+        self.ema, self.decay, self.eps = ema, decay, eps
+        self.commitment_weight = commitment_weight
+        self.semantics = semantics
+        self.dead_threshold = (
+            DEFAULT_THRESHOLDS[semantics] if dead_threshold is _DEFAULT else dead_threshold
+        )
+        self.metric, self.kmeans_init, self.kmeans_iters = metric, kmeans_init, kmeans_iters
+        self.deterministic, self.process_group, self.backend = deterministic, process_group, backend
+        self.generator = generator
+
+        init = torch.randn(num_levels, codebook_size, dim)
+        if ema:
+            self.register_buffer("codebook", init)
+        else:
+            self.codebook = nn.Parameter(init)
+        # A fresh code behaves as if it had seen one sample equal to its row.
+        self.register_buffer("cluster_size", torch.ones(num_levels, codebook_size))
+        self.register_buffer("embed_sum", init.clone())
+        self.register_buffer(
+            "steps_since_active", torch.zeros(num_levels, codebook_size, dtype=torch.int32)
+        )
+        self.register_buffer("initialized", torch.tensor(not kmeans_init))
+        self._initialized = not kmeans_init
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._initialized = bool(self.initialized)
+
+    def extra_repr(self) -> str:
+        return (
+            f"dim={self.dim}, codebook_size={self.codebook_size}, num_levels={self.num_levels}, "
+            f"ema={self.ema}, semantics={self.semantics!r}, metric={self.metric!r}"
+        )
+
+    @torch.no_grad()
+    def _kmeans_level(self, data: torch.Tensor, level: int) -> None:
+        num_codes = self.codebook_size
+        pick = torch.randint(
+            0, data.shape[0], (num_codes,), device=data.device, generator=self.generator
+        )
+        centroids = data[pick].float()
+        if self.process_group is not None:
+            import torch.distributed as dist
+
+            dist.broadcast(
+                centroids, src=dist.get_global_rank(self.process_group, 0), group=self.process_group
+            )
+        counts = torch.zeros(num_codes, device=data.device)
+        for _ in range(max(self.kmeans_iters, 1)):
+            codes, _ = quantize(data, centroids, metric=self.metric, backend=self.backend)
+            counts, sums = ema_statistics(data, codes, num_codes, backend=self.backend)
+            if self.process_group is not None:
+                import torch.distributed as dist
+
+                dist.all_reduce(counts, group=self.process_group)
+                dist.all_reduce(sums, group=self.process_group)
+            means = sums / counts.clamp_min(1)[:, None]
+            centroids = torch.where(counts[:, None] > 0, means, centroids)
+        self.codebook.data[level].copy_(centroids)
+        self.cluster_size[level].copy_(counts)
+        self.embed_sum[level].copy_(centroids * counts[:, None])
+        self.steps_since_active[level].zero_()
+
+    def _search(self, residual: torch.Tensor, level: int):
+        return quantize(residual, self.codebook[level], metric=self.metric, backend=self.backend)
+
+    def forward(self, x: torch.Tensor) -> VQOutput:
+        if x.dim() < 1 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (..., {self.dim}), got {tuple(x.shape)}")
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, self.dim)
+        init_now = self.training and not self._initialized and flat.shape[0] > 0
+        residual = flat
+        quantized = torch.zeros_like(flat)
+        loss = flat.new_zeros((), dtype=torch.float32)
+        codes, inputs = [], []
+        for level in range(self.num_levels):
+            if init_now:
+                self._kmeans_level(residual.detach(), level)
+            c, q = self._search(residual.detach(), level)
+            codes.append(c)
+            inputs.append(residual.detach())
+            q = q.to(flat.dtype)
+            loss = loss + self.commitment_weight * F.mse_loss(residual, q.detach()).float()
+            if not self.ema:
+                loss = loss + F.mse_loss(q, residual.detach()).float()
+            residual = residual - q.detach()
+            quantized = quantized + q
+        if init_now:
+            self.initialized.fill_(True)
+            self._initialized = True
+        codes_t = torch.stack(codes, -1)
+        restarted = None
+        if self.training and self.ema:
+            restarted = ema_update_(
+                torch.stack(inputs),
+                codes_t.T,
+                self.codebook,
+                self.cluster_size,
+                self.embed_sum,
+                self.steps_since_active,
+                decay=self.decay,
+                eps=self.eps,
+                semantics=self.semantics,
+                dead_threshold=self.dead_threshold,
+                generator=self.generator,
+                deterministic=self.deterministic,
+                process_group=self.process_group,
+                check_codes=False,
+                backend=self.backend,
+            )
+        # Straight-through: the value of the quantized vector, the gradient of the identity to x.
+        # A learned codebook gets its gradient from the codebook loss only.
+        out = flat + (quantized - flat).detach()
+        return VQOutput(
+            out.view(*lead, self.dim), codes_t.view(*lead, self.num_levels), loss, restarted
+        )
+
+
+class VectorQuantizer(ResidualVQ):
+    """A single-codebook vector quantizer: :class:`ResidualVQ` with one level, returning codes
+    ``(...,)`` and ``restarted (K,)``. Same arguments, less ``num_levels``."""
+
+    def __init__(self, dim: int, codebook_size: int, **kwargs) -> None:
+        if "num_levels" in kwargs:
+            raise TypeError("VectorQuantizer has one level; use ResidualVQ for num_levels")
+        super().__init__(dim, codebook_size, 1, **kwargs)
+
+    def forward(self, x: torch.Tensor) -> VQOutput:
+        out = super().forward(x)
+        restarted = out.restarted[0] if out.restarted is not None else None
+        return VQOutput(out.quantized, out.codes[..., 0], out.loss, restarted)

@@ -1,0 +1,377 @@
+"""``ema_update_``: the fused in-place EMA codebook update with dead-code restarts."""
+
+from __future__ import annotations
+
+import torch
+
+from triton_dispatch import common_device, select_backend, uses_triton
+
+from .._validation import (
+    require_contiguous,
+    require_float,
+    require_integer,
+    require_shape,
+    require_tensor,
+)
+from .reference import (
+    SEMANTICS,
+    ema_apply_reference_,
+    ema_statistics_reference,
+    gather_replacement_rows,
+    reset_cluster_size,
+)
+
+__all__ = ["DEFAULT_THRESHOLDS", "SEMANTICS", "ema_statistics", "ema_update_"]
+
+#: Dead-code thresholds used when ``dead_threshold`` is left at its default: steps without an
+#: assignment for ``active_only``, EMA cluster size for ``decay_all``.
+DEFAULT_THRESHOLDS = {"active_only": 20, "decay_all": 2.0}
+
+_DEFAULT = object()
+
+
+@torch.library.custom_op("vq_kernels::ema_statistics", mutates_args=())
+def _ema_statistics_op(
+    x: torch.Tensor, codes: torch.Tensor, num_codes: int, deterministic: bool, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    levels, batch, dim = x.shape
+    if batch == 0 or num_codes == 0:
+        return (
+            x.new_zeros(levels, num_codes, dtype=torch.float32),
+            x.new_zeros(levels, num_codes, dim, dtype=torch.float32),
+        )
+    if uses_triton(backend) and x.dtype != torch.float64:
+        from .kernels import scatter_statistics, segment_statistics
+
+        fn = segment_statistics if deterministic else scatter_statistics
+        return fn(x.contiguous(), codes.contiguous(), num_codes)
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return ema_statistics_reference(x, codes, num_codes, dtype=dtype)
+
+
+@_ema_statistics_op.register_fake
+def _(x, codes, num_codes, deterministic, backend):
+    levels, _, dim = x.shape
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    return x.new_empty(levels, num_codes, dtype=dtype), x.new_empty(
+        levels, num_codes, dim, dtype=dtype
+    )
+
+
+@torch.library.custom_op(
+    "vq_kernels::ema_apply_",
+    mutates_args=("codebook", "cluster_size", "embed_sum", "steps_since_active"),
+)
+def _ema_apply_op(
+    codebook: torch.Tensor,
+    cluster_size: torch.Tensor,
+    embed_sum: torch.Tensor,
+    steps_since_active: torch.Tensor,
+    counts: torch.Tensor,
+    sums: torch.Tensor,
+    src: torch.Tensor,
+    row_index: torch.Tensor,
+    decay: float,
+    eps: float,
+    semantics: str,
+    threshold: float,
+    has_threshold: bool,
+    backend: str,
+) -> torch.Tensor:
+    thr = threshold if has_threshold else None
+    if uses_triton(backend) and cluster_size.dtype == torch.float32:
+        from .kernels import ema_epilogue
+
+        replaced = ema_epilogue(
+            codebook,
+            cluster_size,
+            embed_sum,
+            steps_since_active,
+            counts.to(torch.float32).contiguous(),
+            sums.to(torch.float32).contiguous(),
+            src.contiguous(),
+            row_index.contiguous(),
+            decay=decay,
+            eps=eps,
+            semantics=semantics,
+            threshold=thr,
+            reset_size=reset_cluster_size(semantics, thr),
+        )
+        return replaced.bool()
+    levels, num_codes, dim = codebook.shape
+    rows = src[row_index.long()].view(levels, num_codes, dim)
+    return ema_apply_reference_(
+        codebook,
+        cluster_size,
+        embed_sum,
+        steps_since_active,
+        counts,
+        sums,
+        rows,
+        decay=decay,
+        eps=eps,
+        semantics=semantics,
+        threshold=thr,
+    )
+
+
+@_ema_apply_op.register_fake
+def _(codebook, cluster_size, embed_sum, steps_since_active, counts, sums, src, row_index, *rest):
+    return cluster_size.new_empty(cluster_size.shape, dtype=torch.bool)
+
+
+def _as_levels(name: str, t: torch.Tensor, stacked: bool) -> torch.Tensor:
+    return t if stacked else t.unsqueeze(0)
+
+
+def ema_statistics(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    num_codes: int,
+    *,
+    deterministic: bool = False,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-code counts ``(K,)`` and fp32 sums ``(K, D)`` of the rows of ``x (B, D)`` assigned by
+    ``codes (B,)`` (or ``(L, K)``/``(L, K, D)`` for stacked ``x (L, B, D)``, ``codes (L, B)``),
+    without a ``(B, K)`` one-hot. Non-finite rows and codes outside ``[0, K)`` are ignored."""
+    require_tensor("x", x)
+    require_tensor("codes", codes)
+    require_integer("codes", codes)
+    stacked = x.dim() == 3
+    if x.dim() not in (2, 3) or codes.shape != x.shape[:-1]:
+        raise ValueError(
+            f"x must be (B, D) or (L, B, D) and codes x.shape[:-1]; got x {tuple(x.shape)}, "
+            f"codes {tuple(codes.shape)}"
+        )
+    chosen = select_backend(x, codes, backend=backend)
+    counts, sums = _ema_statistics_op(
+        _as_levels("x", x.detach(), stacked),
+        _as_levels("codes", codes, stacked),
+        int(num_codes),
+        bool(deterministic),
+        chosen,
+    )
+    return (counts, sums) if stacked else (counts[0], sums[0])
+
+
+def _check_threshold(semantics: str, dead_threshold) -> float | None:
+    if dead_threshold is _DEFAULT:
+        return float(DEFAULT_THRESHOLDS[semantics])
+    if dead_threshold is None:
+        return None
+    if isinstance(dead_threshold, bool) or not isinstance(dead_threshold, (int, float)):
+        raise TypeError(f"dead_threshold must be a number or None, got {dead_threshold!r}")
+    if not dead_threshold > 0:
+        raise ValueError(
+            f"dead_threshold must be > 0 (or None to disable restarts), got {dead_threshold}: "
+            "a threshold <= 0 would declare every code dead at every step"
+        )
+    return float(dead_threshold)
+
+
+def ema_update_(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    codebook: torch.Tensor,
+    cluster_size: torch.Tensor,
+    embed_sum: torch.Tensor,
+    steps_since_active: torch.Tensor | None = None,
+    *,
+    decay: float = 0.99,
+    eps: float = 1e-5,
+    semantics: str = "active_only",
+    dead_threshold: float | None = _DEFAULT,  # type: ignore[assignment]
+    candidates: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    deterministic: bool = False,
+    process_group=None,
+    check_codes: bool = True,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """One EMA codebook step, in place, for one codebook or a stack of ``L`` codebooks.
+
+    Shapes (one level / stacked levels): ``x (B, D) / (L, B, D)`` (fp32, fp16 or bf16; fp64 runs
+    the reference), ``codes (B,) / (L, B)`` int32/int64, ``codebook (K, D) / (L, K, D)``,
+    ``cluster_size (K,) / (L, K)`` and ``embed_sum (K, D) / (L, K, D)`` fp32 (or fp64),
+    ``steps_since_active (K,) / (L, K)`` int32/int64. State tensors must be contiguous.
+
+    The step (see ``reference.ema_apply_reference_`` for the exact math):
+
+    1. counts and sums of ``x`` per code, by a batch-parallel scatter (no ``(B, K)`` one-hot);
+       rows holding NaN/inf and codes outside ``[0, K)`` are ignored, so they cannot corrupt the
+       codebook;
+    2. with ``process_group``, counts and sums are all-reduced (sum) across the group, and the
+       replacement rows of group rank 0 are broadcast, so every rank ends with the same codebook;
+    3. EMA blend and codebook refresh (``semantics="active_only"``: only codes assigned this step
+       move, refreshed to ``embed_sum / max(cluster_size, eps)``; ``"decay_all"``: every code
+       decays, refreshed with Laplace smoothing);
+    4. the counter ``steps_since_active`` is reset for assigned codes and incremented for the
+       others; dead codes (``active_only``: counter ≥ ``dead_threshold``; ``decay_all``: EMA
+       cluster size < ``dead_threshold``) are restarted from rows of ``x``.
+
+    Args:
+        decay: EMA decay in [0, 1] (1 keeps the state, 0 replaces it by this batch).
+        eps: floor of the cluster size (active-only) / Laplace constant (decay-all), > 0.
+        semantics: ``"active_only"`` or ``"decay_all"``.
+        dead_threshold: restart threshold; default 20 steps (active-only) or 2.0 (decay-all).
+            ``None`` disables restarts; ≤ 0 is a ValueError.
+        candidates: ``(K,) / (L, K)`` row indices into the batch: code ``k`` restarts from
+            ``x[candidates[k]]`` if it is dead (indices are clamped into ``[0, B)``). Default: drawn
+            on ``x``'s device with ``torch.randint(0, B, (L, K), generator=generator)`` — one draw
+            for every code whether dead or not, so the op needs no host sync and every backend
+            takes the same draws from the same generator state.
+        generator: a ``torch.Generator`` on ``x``'s device for the default candidates.
+        deterministic: no atomics: rows are sorted by code and each code reduces its rows in a fixed
+            order, so results are bitwise reproducible run to run (Triton backends; the CPU
+            reference is deterministic anyway).
+        process_group: a ``torch.distributed`` group to all-reduce the statistics over. Every rank
+            must call the op; a rank with ``B = 0`` contributes no statistics.
+        check_codes: check that codes lie in ``[0, K)`` and raise otherwise. It reads two numbers
+            back to the host (a sync); pass False under CUDA graphs (out-of-range codes are then
+            ignored, never written out of bounds).
+        backend: ``"auto"``/``None``, ``"triton"``, ``"interpret"`` or ``"torch"``.
+
+    Returns:
+        bool ``(K,) / (L, K)``: the codes restarted by this step (on the device; no sync).
+
+    ``B = 0`` without a process group is a documented no-op: nothing changes (counters included)
+    and no code is restarted.
+    """
+    for name, t in (
+        ("x", x),
+        ("codes", codes),
+        ("codebook", codebook),
+        ("cluster_size", cluster_size),
+        ("embed_sum", embed_sum),
+    ):
+        require_tensor(name, t)
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
+    threshold = _check_threshold(semantics, dead_threshold)
+    if not isinstance(decay, (int, float)) or not 0.0 <= float(decay) <= 1.0:
+        raise ValueError(f"decay must be a number in [0, 1], got {decay!r}")
+    if not isinstance(eps, (int, float)) or not float(eps) > 0:
+        raise ValueError(f"eps must be > 0, got {eps!r}")
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x must be (B, D) or (L, B, D), got shape {tuple(x.shape)}")
+    stacked = x.dim() == 3
+    require_float("x", x)
+    require_integer("codes", codes)
+    require_float("codebook", codebook)
+    require_float("cluster_size", cluster_size, (torch.float32, torch.float64))
+    require_float("embed_sum", embed_sum, (cluster_size.dtype,))
+    lead = x.shape[:1] if stacked else ()
+    dim = x.shape[-1]
+    batch = x.shape[-2]
+    if codebook.dim() != x.dim() or codebook.shape[:-2] != lead or codebook.shape[-1] != dim:
+        want = "(L, K, D)" if stacked else "(K, D)"
+        raise ValueError(
+            f"codebook must have shape {want} matching x {tuple(x.shape)} (D = {dim}), "
+            f"got {tuple(codebook.shape)}"
+        )
+    num_codes = codebook.shape[-2]
+    levels = x.shape[0] if stacked else 1
+    require_shape("codes", codes, (*lead, batch), "(L, B)" if stacked else "(B,)")
+    require_shape("cluster_size", cluster_size, (*lead, num_codes), "(L, K)" if stacked else "(K,)")
+    require_shape(
+        "embed_sum", embed_sum, (*lead, num_codes, dim), "(L, K, D)" if stacked else "(K, D)"
+    )
+    if steps_since_active is not None:
+        require_tensor("steps_since_active", steps_since_active)
+        require_integer("steps_since_active", steps_since_active)
+        require_shape(
+            "steps_since_active",
+            steps_since_active,
+            (*lead, num_codes),
+            "(L, K)" if stacked else "(K,)",
+        )
+    elif semantics == "active_only" and threshold is not None:
+        raise ValueError(
+            "steps_since_active is required for semantics='active_only' with restarts "
+            "(pass an int tensor of zeros of shape (K,) / (L, K), or dead_threshold=None)"
+        )
+    if candidates is not None:
+        require_tensor("candidates", candidates)
+        require_integer("candidates", candidates)
+        require_shape("candidates", candidates, (*lead, num_codes), "(L, K)" if stacked else "(K,)")
+    tensors = [x, codes, codebook, cluster_size, embed_sum, steps_since_active, candidates]
+    names = [
+        "x",
+        "codes",
+        "codebook",
+        "cluster_size",
+        "embed_sum",
+        "steps_since_active",
+        "candidates",
+    ]
+    device = common_device(tensors, names=names)
+    if generator is not None and torch.device(generator.device).type != device.type:
+        raise ValueError(f"generator is on {generator.device} but the tensors are on {device}")
+    for name, t in zip(names[2:6], tensors[2:6]):
+        if t is not None:
+            require_contiguous(name, t)
+    chosen = select_backend(x, backend=backend)
+
+    if batch == 0 and process_group is None:
+        return torch.zeros(cluster_size.shape, dtype=torch.bool, device=device)
+    if check_codes and batch > 0 and codes.numel() > 0:
+        low, high = int(codes.min()), int(codes.max())
+        if low < 0 or high >= num_codes:
+            raise ValueError(
+                f"codes must lie in [0, K) = [0, {num_codes}); got values in [{low}, {high}]"
+            )
+
+    x3 = x.detach() if stacked else x.detach().unsqueeze(0)
+    codes3 = codes if stacked else codes.unsqueeze(0)
+    target = codebook.detach() if codebook.requires_grad else codebook
+    cb3 = target if stacked else target.unsqueeze(0)
+    size3 = cluster_size if stacked else cluster_size.unsqueeze(0)
+    sum3 = embed_sum if stacked else embed_sum.unsqueeze(0)
+    if steps_since_active is None:
+        counter3 = torch.zeros(levels, num_codes, dtype=torch.int32, device=device)
+    else:
+        counter3 = steps_since_active if stacked else steps_since_active.unsqueeze(0)
+
+    if threshold is None:
+        cand3 = torch.zeros(levels, num_codes, dtype=torch.int64, device=device)
+    elif candidates is not None:
+        cand3 = (
+            (candidates if stacked else candidates.unsqueeze(0)).long().clamp(0, max(batch - 1, 0))
+        )
+    else:
+        cand3 = torch.randint(
+            0, max(batch, 1), (levels, num_codes), generator=generator, device=device
+        )
+
+    counts, sums = _ema_statistics_op(x3, codes3, num_codes, bool(deterministic), chosen)
+    if process_group is not None:
+        import torch.distributed as dist
+
+        dist.all_reduce(counts, group=process_group)
+        dist.all_reduce(sums, group=process_group)
+        rows = gather_replacement_rows(x3.to(sum3.dtype), cand3).contiguous()
+        dist.broadcast(rows, src=dist.get_global_rank(process_group, 0), group=process_group)
+        src = rows.view(levels * num_codes, dim)
+        row_index = torch.arange(levels * num_codes, device=device)
+    else:
+        src = x3.contiguous().view(levels * batch, dim)
+        offsets = torch.arange(levels, device=device)[:, None] * batch
+        row_index = (cand3 + offsets).reshape(-1)
+    replaced = _ema_apply_op(
+        cb3,
+        size3,
+        sum3,
+        counter3,
+        counts,
+        sums,
+        src,
+        row_index,
+        float(decay),
+        float(eps),
+        semantics,
+        float(threshold) if threshold is not None else 0.0,
+        threshold is not None,
+        chosen,
+    )
+    return replaced if stacked else replaced[0]

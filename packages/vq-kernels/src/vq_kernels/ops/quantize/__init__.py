@@ -1,0 +1,93 @@
+"""``quantize``: the nearest code(s) of each row, with distance and argmin fused (no ``(B, K)``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from triton_dispatch import common_device, select_backend, uses_triton
+
+from .._validation import require_float, require_tensor
+from .reference import METRICS, code_scores, quantize_reference
+
+__all__ = ["METRICS", "quantize"]
+
+
+@torch.library.custom_op("vq_kernels::nearest_code", mutates_args=())
+def _nearest_code_op(
+    x: torch.Tensor, codebook: torch.Tensor, metric: str, backend: str
+) -> torch.Tensor:
+    if x.shape[0] == 0:
+        return torch.empty(0, dtype=torch.int64, device=x.device)
+    if uses_triton(backend) and x.dtype != torch.float64:
+        from .kernels import nearest_code
+
+        cb = codebook.to(x.dtype)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        if cb.stride(-1) != 1:
+            cb = cb.contiguous()
+        term = code_scores(cb, metric, torch.float32).contiguous()
+        return nearest_code(x, cb, term, metric)
+    return quantize_reference(x, codebook.to(x.dtype), metric, 1)
+
+
+@_nearest_code_op.register_fake
+def _(x, codebook, metric, backend):
+    return x.new_empty(x.shape[0], dtype=torch.int64)
+
+
+def quantize(
+    x: torch.Tensor,
+    codebook: torch.Tensor,
+    *,
+    metric: str = "l2",
+    k: int = 1,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Nearest code(s) of every row of ``x (..., D)`` in ``codebook (K, D)``.
+
+    Returns ``(codes, quantized)``: for ``k = 1`` ``codes (...)`` int64 and ``quantized (..., D)``;
+    for ``k > 1`` ``codes (..., k)`` nearest first and ``quantized (..., k, D)``. ``quantized`` is a
+    gather of codebook rows (``F.embedding``), so it carries gradients to the codebook but not to
+    ``x``: the search itself is not differentiable. Straight-through estimation and the commitment
+    loss belong to the module (:class:`vq_kernels.VectorQuantizer`).
+
+    ``metric="l2"`` ranks by Euclidean distance, ``"cosine"`` by cosine similarity (largest first).
+    Inputs may be fp32, fp16 or bf16 (fp64 runs the reference); the codebook is cast to ``x``'s
+    dtype for the products, which accumulate in fp32 (fp32 products are IEEE, not TF32). Ties go
+    to the lowest index, as with ``torch.argmin``; codes whose distances differ by less than the
+    rounding of the arithmetic may be ranked differently than a float64 computation would rank
+    them. A row holding NaN maps to code 0.
+
+    ``k = 1`` runs the fused Triton kernel on CUDA (memory independent of ``K``); ``k > 1`` runs a
+    chunked PyTorch search (``O(B · 4096)`` memory) on every backend.
+    """
+    require_tensor("x", x)
+    require_tensor("codebook", codebook)
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (..., D)")
+    if codebook.dim() != 2 or codebook.shape[0] == 0:
+        raise ValueError(
+            f"codebook must have shape (K, D) with K >= 1, got {tuple(codebook.shape)}"
+        )
+    if x.shape[-1] != codebook.shape[1]:
+        raise ValueError(
+            f"x's last dimension ({x.shape[-1]}) must equal the codebook's D ({codebook.shape[1]})"
+        )
+    require_float("x", x)
+    require_float("codebook", codebook)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= codebook.shape[0]:
+        raise ValueError(f"k must be an int in [1, K={codebook.shape[0]}], got {k!r}")
+    common_device([x, codebook], names=["x", "codebook"])
+    chosen = select_backend(x, codebook, backend=backend)
+    lead = x.shape[:-1]
+    flat = x.detach().reshape(-1, x.shape[-1])
+    if k == 1:
+        codes = _nearest_code_op(flat, codebook.detach(), metric, chosen)
+        return codes.view(lead), F.embedding(codes, codebook).view(*lead, codebook.shape[1])
+    codes = quantize_reference(flat, codebook.detach().to(flat.dtype), metric, k)
+    quantized = F.embedding(codes, codebook)
+    return codes.view(*lead, k), quantized.view(*lead, k, codebook.shape[1])

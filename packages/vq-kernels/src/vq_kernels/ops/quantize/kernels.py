@@ -1,0 +1,170 @@
+"""Triton kernel of the nearest-code search: distance and argmin fused, never storing (B, K).
+
+Each program takes a tile of rows and a contiguous range of codes (a K split, so that small batches
+still fill the GPU); it walks the range in tiles of ``BLOCK_K`` codes, computes ``x·c`` with
+``tl.dot`` over ``D`` in fp32 accumulation, and keeps a running minimum and its index. A later tile
+replaces the running best only when strictly smaller, and ``tl.argmin`` breaks ties inside a tile
+to the left, so ties resolve to the lowest index as ``torch.argmin`` does. The splits' partial
+results (S, B) are merged on the host side by ``torch.argmin`` over S, which also prefers the
+lowest (earliest) split on ties.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from triton_dispatch import (
+    autotune,
+    config_space,
+    device_facts,
+    interpreter_enabled,
+    padded_dim,
+    prune_by_shared_memory,
+    shape_bucket,
+    tile_shared_memory,
+)
+
+# Every BLOCK_K in the space divides this, so a split's code range is whole tiles.
+_MAX_BLOCK_K = 128
+
+
+def _smem(meta, num_stages, args):
+    size = 2 if args["x_ptr"].element_size() <= 2 else 4
+    return tile_shared_memory(
+        (meta["BLOCK_B"], meta["BLOCK_D"]),
+        (meta["BLOCK_K"], meta["BLOCK_D"]),
+        element_size=size,
+        num_stages=num_stages,
+    )
+
+
+@autotune(
+    config_space(
+        {"BLOCK_B": [64, 128], "BLOCK_K": [64, 128], "BLOCK_D": [32, 64]},
+        num_warps=[4, 8],
+        num_stages=[2, 3],
+    ),
+    key=["B_BUCKET", "K_BUCKET", "D_PADDED", "SPLIT_BUCKET", "COSINE"],
+    prune=prune_by_shared_memory(_smem),
+    interpret_config=triton.Config({"BLOCK_B": 16, "BLOCK_K": 16, "BLOCK_D": 16}, num_warps=4),
+)
+@triton.jit
+def nearest_code_kernel(
+    x_ptr,
+    cb_ptr,
+    term_ptr,
+    best_d_ptr,
+    best_i_ptr,
+    B,
+    K,
+    D,
+    codes_per_split,
+    stride_xb,
+    stride_cb,
+    COSINE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+    B_BUCKET: tl.constexpr,
+    K_BUCKET: tl.constexpr,
+    D_PADDED: tl.constexpr,
+    SPLIT_BUCKET: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    split = tl.program_id(1)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_mask = rows < B
+    k_start = split * codes_per_split
+    best = tl.full([BLOCK_B], float("inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_B], tl.int32)
+    d_range = tl.arange(0, BLOCK_D)
+    x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xb
+    for k_off in range(0, codes_per_split, BLOCK_K):
+        k0 = k_start + k_off
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = kk < K
+        c_rows = cb_ptr + kk.to(tl.int64)[:, None] * stride_cb
+        acc = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            dd = d0 + d_range
+            d_mask = dd < D
+            xt = tl.load(x_rows + dd[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+            ct = tl.load(c_rows + dd[None, :], mask=k_mask[:, None] & d_mask[None, :], other=0.0)
+            if UPCAST:
+                xt = xt.to(tl.float32)
+                ct = ct.to(tl.float32)
+            acc = tl.dot(xt, tl.trans(ct), acc, input_precision=PRECISION)
+        term = tl.load(term_ptr + kk, mask=k_mask, other=0.0)
+        if COSINE:
+            dist = -acc * term[None, :]
+        else:
+            dist = term[None, :] - 2.0 * acc
+        dist = tl.where(dist != dist, float("inf"), dist)
+        dist = tl.where(k_mask[None, :], dist, float("inf"))
+        tile_best = tl.min(dist, axis=1)
+        tile_idx = tl.argmin(dist, axis=1, tie_break_left=True).to(tl.int32) + k0
+        better = tile_best < best
+        best_idx = tl.where(better, tile_idx, best_idx)
+        best = tl.where(better, tile_best, best)
+    # A split whose every distance is inf still reports its first code, so the merge sees a code
+    # inside [0, K).
+    best_idx = tl.where(best == float("inf"), k_start, best_idx)
+    out = split.to(tl.int64) * B + rows
+    tl.store(best_d_ptr + out, best, mask=row_mask)
+    tl.store(best_i_ptr + out, best_idx, mask=row_mask)
+
+
+def nearest_code(
+    x: torch.Tensor,
+    codebook: torch.Tensor,
+    term: torch.Tensor,
+    metric: str,
+    *,
+    splits: int | None = None,
+):
+    """Nearest code per row (B,) int64. x (B, D) and codebook (K, D) of one dtype, unit stride on
+    D; term (K,) fp32 from ``reference.code_scores``. ``splits`` overrides the K split (tests)."""
+    batch, dim = x.shape
+    num_codes = codebook.shape[0]
+    interpreting = interpreter_enabled()
+    # Enough programs to fill the device at small B: split K when B alone gives too few tiles.
+    row_tiles = triton.cdiv(batch, 16 if interpreting else 64)
+    target = 1 if interpreting else 2 * device_facts(x.device).sm_count
+    max_splits = triton.cdiv(num_codes, _MAX_BLOCK_K)
+    if splits is None:
+        splits = triton.cdiv(target, row_tiles)
+    splits = max(1, min(max_splits, splits))
+    per_split = triton.cdiv(triton.cdiv(num_codes, splits), _MAX_BLOCK_K) * _MAX_BLOCK_K
+    splits = triton.cdiv(num_codes, per_split)
+    best_d = torch.empty(splits, batch, device=x.device, dtype=torch.float32)
+    best_i = torch.empty(splits, batch, device=x.device, dtype=torch.int32)
+    upcast = interpreting or x.dtype == torch.float32
+    grid = lambda meta: (triton.cdiv(batch, meta["BLOCK_B"]), splits)
+    nearest_code_kernel[grid](
+        x,
+        codebook,
+        term,
+        best_d,
+        best_i,
+        batch,
+        num_codes,
+        dim,
+        per_split,
+        x.stride(0),
+        codebook.stride(0),
+        COSINE=metric == "cosine",
+        UPCAST=upcast,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        B_BUCKET=shape_bucket(batch, minimum=64, maximum=1 << 16),
+        K_BUCKET=shape_bucket(num_codes, minimum=64, maximum=1 << 16),
+        D_PADDED=padded_dim(dim),
+        SPLIT_BUCKET=shape_bucket(splits),
+    )
+    if splits == 1:
+        return best_i[0].long()
+    which = torch.argmin(best_d, dim=0, keepdim=True)
+    return best_i.gather(0, which)[0].long()
