@@ -3,7 +3,6 @@ values and gradients, every layout and backward method."""
 
 import pytest
 import torch
-from triton_dispatch.testing import assert_close, assert_gradients_match, rand_mask, randn
 
 from late_interaction_kernels import maxsim, maxsim_pairs, maxsim_varlen
 from late_interaction_kernels.ops.maxsim import forward
@@ -14,6 +13,7 @@ from late_interaction_kernels.ops.maxsim.reference import (
     maxsim_reference,
     maxsim_varlen_reference,
 )
+from triton_dispatch.testing import assert_close, assert_gradients_match, rand_mask, randn
 
 METHODS = ["unified", "lowmem"]
 
@@ -256,3 +256,24 @@ def test_torch_backend_matches_kernels(rng, device):
     b.sum().backward()
     assert_close(b, a)
     assert_close(Q.grad, ga[0]) and assert_close(D.grad, ga[1])
+
+
+@pytest.mark.parametrize("backend", ["torch", None])
+def test_every_layout_without_gradients(rng, device, backend):
+    Q = randn((2, 6, 16), generator=rng, device=device)
+    D3 = randn((3, 10, 16), generator=rng, device=device)
+    D4 = randn((2, 3, 10, 16), generator=rng, device=device)
+    Dp = randn((2, 10, 16), generator=rng, device=device)
+    with torch.no_grad():
+        assert_close(maxsim(Q, D3, backend=backend), maxsim_reference(Q.double(), D3.double()))
+        assert_close(maxsim(Q, D4, backend=backend), maxsim_reference(Q.double(), D4.double()))
+        assert_close(
+            maxsim_pairs(Q, Dp, backend=backend), maxsim_pairs_reference(Q.double(), Dp.double())
+        )
+        cu_q = torch.tensor([0, 5, 12], device=device)
+        cu_d = torch.tensor([0, 9, 20], device=device)
+        Qp, Dpk = Q.reshape(12, 16), Dp.reshape(20, 16)
+        assert_close(
+            maxsim_varlen(Qp, Dpk, cu_q, cu_d, backend=backend),
+            maxsim_varlen_reference(Qp.double(), Dpk.double(), cu_q, cu_d),
+        )

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from triton_dispatch.testing import assert_close, rand_mask, randn
 
 from late_interaction_kernels.ops.maxsim import reference
 from late_interaction_kernels.ops.maxsim.reference import (
@@ -10,6 +9,7 @@ from late_interaction_kernels.ops.maxsim.reference import (
     maxsim_reference,
     maxsim_varlen_reference,
 )
+from triton_dispatch.testing import assert_close, rand_mask, randn
 
 
 def _naive(Q, D, q_mask, d_mask):

@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from triton_dispatch.testing import assert_close, randn
 
 from late_interaction_kernels import maxsim, maxsim_pairs, maxsim_varlen
 from late_interaction_kernels.ops.maxsim import resolve_backward
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
+from triton_dispatch.testing import assert_close, randn
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 

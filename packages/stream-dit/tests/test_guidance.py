@@ -1,7 +1,7 @@
 import torch
-from triton_dispatch.testing import assert_close
 
 from stream_dit.guidance import apg, cfg_combine, cfg_rescale, dcw_correct, haar_merge, haar_split
+from triton_dispatch.testing import assert_close
 
 
 def _pair(rng):
@@ -27,7 +27,7 @@ def test_apg_float64_reference(rng):
     # the result's guidance part is orthogonal to v_pos
     assert_close(((out - vp).double() * v0).sum(dim=(1, 2)), torch.zeros(2), tol=1e-4)
     # momentum: second step averages with the first difference
-    out2, running2 = apg(vp, vn, 4.0, running, momentum=-0.5)
+    _out2, running2 = apg(vp, vn, 4.0, running, momentum=-0.5)
     assert_close(running2, 0.5 * (vp - vn))
 
 

@@ -1,8 +1,8 @@
 import pytest
 import torch
-from triton_dispatch.testing import assert_close
 
 from stream_dit.ops.guided_euler import guided_euler_, guided_euler_reference_
+from triton_dispatch.testing import assert_close
 
 
 def _case(rng, device, vdtype=torch.float32):

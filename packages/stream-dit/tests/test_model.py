@@ -4,10 +4,10 @@ import torch
 from stream_dit.model import PRESETS, DenoiserAdapter, DiTConfig, build_model
 
 
-def _inputs(rng, b=3, t=10, l=5):
+def _inputs(rng, b=3, t=10, n=5):
     x = torch.randn(b, t, 64, generator=rng)
-    s = torch.randn(b, l, 32, generator=rng)
-    return x, torch.rand(b, generator=rng), s, torch.ones(b, l, dtype=torch.bool)
+    s = torch.randn(b, n, 32, generator=rng)
+    return x, torch.rand(b, generator=rng), s, torch.ones(b, n, dtype=torch.bool)
 
 
 def test_seeded_weights_are_deterministic_and_seed_dependent(tiny_model):

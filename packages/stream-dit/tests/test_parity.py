@@ -42,7 +42,10 @@ def _scenarios() -> dict[str, tuple[list[Request], dict]]:
             [Request(frames=12, cond=_cond(2, 4), seed=2, steps=8, denoise=0.5, init_latent=init)],
             {},
         ),
-        "sde_noise": ([Request(frames=12, cond=_cond(3, 4), seed=3, steps=4, noise=[0.4, 0.0])], {}),
+        "sde_noise": (
+            [Request(frames=12, cond=_cond(3, 4), seed=3, steps=4, noise=[0.4, 0.0])],
+            {},
+        ),
         "padded_multi_condition": (
             [
                 Request(frames=9, cond=_cond(4, 2), seed=4, steps=3),
@@ -51,20 +54,52 @@ def _scenarios() -> dict[str, tuple[list[Request], dict]]:
             ],
             {"depth": 3},
         ),
-        "full_cfg": ([Request(frames=12, cond=_cond(7, 4), negative=neg, seed=7, steps=4, cfg_type="full", guidance=4.0)], {}),
-        "rcfg_self": ([Request(frames=12, cond=_cond(8, 4), seed=8, steps=4, cfg_type="self", guidance=2.0)], {}),
+        "full_cfg": (
+            [
+                Request(
+                    frames=12,
+                    cond=_cond(7, 4),
+                    negative=neg,
+                    seed=7,
+                    steps=4,
+                    cfg_type="full",
+                    guidance=4.0,
+                )
+            ],
+            {},
+        ),
+        "rcfg_self": (
+            [Request(frames=12, cond=_cond(8, 4), seed=8, steps=4, cfg_type="self", guidance=2.0)],
+            {},
+        ),
         "rcfg_initialize": (
-            [Request(frames=12, cond=_cond(9, 4), negative=neg, seed=9, steps=4, cfg_type="initialize", guidance=2.0)],
+            [
+                Request(
+                    frames=12,
+                    cond=_cond(9, 4),
+                    negative=neg,
+                    seed=9,
+                    steps=4,
+                    cfg_type="initialize",
+                    guidance=2.0,
+                )
+            ],
             {},
         ),
         "shared_curves": (
-            [Request(frames=12, cond=_cond(10, 4), seed=10, steps=4, cfg_type="full", guidance=2.0)],
+            [
+                Request(
+                    frames=12, cond=_cond(10, 4), seed=10, steps=4, cfg_type="full", guidance=2.0
+                )
+            ],
             {"shared": {"velocity_scale": [1.0, 0.8], "guidance": [1.0, 1.5]}},
         ),
     }
 
 
-def _run(requests: list[Request], depth: int = 1, shared: dict | None = None, **session_kw) -> list[torch.Tensor]:
+def _run(
+    requests: list[Request], depth: int = 1, shared: dict | None = None, **session_kw
+) -> list[torch.Tensor]:
     model = build_model("tiny", seed=0)
     engine = session_kw.pop("engine", None) or TorchEngine(model, max_batch=2 * depth)
     session = StreamSession(model, engine, depth=depth, **session_kw)

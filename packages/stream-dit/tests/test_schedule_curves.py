@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -12,7 +13,7 @@ def test_shift_formula_and_endpoints():
         assert shift_time(0.3, s) == pytest.approx(s * 0.3 / (1 + (s - 1) * 0.3))
     sched = flow_schedule(8, 3.0)
     assert len(sched) == 9 and sched[0] == pytest.approx(1.0) and sched[-1] == 0.0
-    assert all(a > b for a, b in zip(sched, sched[1:]))
+    assert all(a > b for a, b in itertools.pairwise(sched))
 
 
 def test_partial_denoise_truncates_and_is_cached():
@@ -23,7 +24,9 @@ def test_partial_denoise_truncates_and_is_cached():
     assert len(flow_schedule(3, 1.0, 0.01)) == 2
 
 
-@pytest.mark.parametrize("args", [(0, 1.0, 1.0), (4, 0.0, 1.0), (4, math.nan, 1.0), (4, 1.0, 0.0), (4, 1.0, 1.5)])
+@pytest.mark.parametrize(
+    "args", [(0, 1.0, 1.0), (4, 0.0, 1.0), (4, math.nan, 1.0), (4, 1.0, 0.0), (4, 1.0, 1.5)]
+)
 def test_bad_schedule_arguments(args):
     with pytest.raises(ValueError):
         flow_schedule(*args)

@@ -19,7 +19,9 @@ from stream_dit.server import create_app  # noqa: E402
 
 @pytest.fixture(scope="module")
 def server(tiny_model):
-    session = StreamSession(tiny_model, TorchEngine(tiny_model, max_batch=8, max_frames=64, max_cond_len=16), depth=4)
+    session = StreamSession(
+        tiny_model, TorchEngine(tiny_model, max_batch=8, max_frames=64, max_cond_len=16), depth=4
+    )
     app = create_app(session)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -40,12 +42,18 @@ def server(tiny_model):
 def _post(url, body):
     with httpx.Client(timeout=60) as client:
         # json.dumps writes Infinity/NaN tokens, which a client library would refuse to send
-        return client.post(f"{url}/generate", content=json.dumps(body), headers={"content-type": "application/json"})
+        return client.post(
+            f"{url}/generate",
+            content=json.dumps(body),
+            headers={"content-type": "application/json"},
+        )
 
 
 def test_concurrent_requests_and_bad_ones_get_4xx(server):
     url, session = server
-    good = [{"frames": 8 + i, "cond_seed": i, "cond_len": 3, "seed": i, "steps": 3} for i in range(6)]
+    good = [
+        {"frames": 8 + i, "cond_seed": i, "cond_len": 3, "seed": i, "steps": 3} for i in range(6)
+    ]
     bad = [
         ({"frames": 8, "cond_seed": 0, "colour": "red"}, 422, "colour"),
         ({"frames": 500, "cond_seed": 0}, 400, "exceeds"),
@@ -71,6 +79,8 @@ def test_concurrent_requests_and_bad_ones_get_4xx(server):
     ref = StreamSession(session.adapter, depth=1)
     h = ref.submit(Request(frames=body["frames"], cond=cond, seed=body["seed"], steps=3))
     ref.run_until_idle()
-    np.testing.assert_allclose(np.load(io.BytesIO(good_resp[2].content)), h.result.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        np.load(io.BytesIO(good_resp[2].content)), h.result.numpy(), rtol=1e-5, atol=1e-5
+    )
     with httpx.Client() as client:
         assert client.get(f"{url}/health").json()["depth"] == 4

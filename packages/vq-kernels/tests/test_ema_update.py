@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 from vq_test_helpers import assert_state_matches, make_state, reference_step
-from triton_dispatch.testing import randint, randn
 
+from triton_dispatch.testing import randint, randn
 from vq_kernels import DEFAULT_THRESHOLDS, ema_statistics, ema_update_
 from vq_kernels.ops.ema_update.reference import ema_statistics_reference
 
@@ -221,7 +221,7 @@ def test_nan_rows_are_ignored_and_never_reach_the_codebook(rng):
     remap = torch.cumsum(keep.long(), 0) - 1  # candidate indices into the kept rows
     ema_update_(x[keep], codes[keep], *want, candidates=remap[torch.tensor([0, 1, 0, 5])])
     assert not replaced[2]
-    for a, b in zip(st[:3], want[:3]):
+    for a in st[:3]:
         assert torch.isfinite(a).all()
     torch.testing.assert_close(st[0][[0, 1, 3]], want[0][[0, 1, 3]])
     torch.testing.assert_close(st[1][[0, 1, 3]], want[1][[0, 1, 3]])
@@ -279,7 +279,11 @@ def test_out_of_range_codes_without_check_are_ignored(rng):
         (lambda a: a.update(embed_sum=a["embed_sum"][:, :2]), ValueError, "embed_sum"),
         (lambda a: a.update(steps_since_active=a["steps_since_active"][:2]), ValueError, "steps"),
         (lambda a: a.update(steps_since_active=None), ValueError, "steps_since_active is required"),
-        (lambda a: a.update(steps_since_active=a["steps_since_active"].float()), TypeError, "steps"),
+        (
+            lambda a: a.update(steps_since_active=a["steps_since_active"].float()),
+            TypeError,
+            "steps",
+        ),
         (lambda a: a.update(cluster_size=a["cluster_size"].half()), TypeError, "cluster_size"),
         (lambda a: a.update(x=a["x"].long()), TypeError, "x must have dtype"),
         (lambda a: a.update(x=a["x"][None, None]), ValueError, "x must be"),

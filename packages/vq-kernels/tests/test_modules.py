@@ -7,8 +7,8 @@ import copy
 
 import pytest
 import torch
-from triton_dispatch.testing import randn
 
+from triton_dispatch.testing import randn
 from vq_kernels import ResidualVQ, VectorQuantizer, perplexity, quantize
 
 
@@ -59,8 +59,16 @@ def test_training_step_matches_the_op(rng):
     x = randn((13, 5), generator=rng)
     out = m(x)
     codes, _ = quantize(x, manual.codebook[0])
-    ema_update_(x, codes, manual.codebook[0], manual.cluster_size[0], manual.embed_sum[0],
-                manual.steps_since_active[0], decay=0.8, dead_threshold=None)
+    ema_update_(
+        x,
+        codes,
+        manual.codebook[0],
+        manual.cluster_size[0],
+        manual.embed_sum[0],
+        manual.steps_since_active[0],
+        decay=0.8,
+        dead_threshold=None,
+    )
     assert torch.equal(out.codes, codes)
     for name in ("codebook", "cluster_size", "embed_sum", "steps_since_active"):
         torch.testing.assert_close(getattr(m, name), getattr(manual, name))
@@ -79,7 +87,7 @@ def test_learned_codebook_gets_gradients_and_no_ema(rng):
 
 def test_kmeans_init_on_first_batch_and_state_dict_round_trip(rng):
     centers = randn((4, 3), generator=rng, scale=10.0)
-    x = (centers[torch.arange(64) % 4] + randn((64, 3), generator=rng, scale=0.1))
+    x = centers[torch.arange(64) % 4] + randn((64, 3), generator=rng, scale=0.1)
     torch.manual_seed(0)
     m = VectorQuantizer(3, 4, kmeans_init=True, kmeans_iters=5, dead_threshold=None)
     assert not bool(m.initialized)

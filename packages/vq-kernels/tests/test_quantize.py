@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_dispatch.testing import randint, randn
 
+from triton_dispatch.testing import randint, randn
 from vq_kernels import quantize
 from vq_kernels.ops.quantize.reference import distances_reference, quantize_reference
 
@@ -134,7 +134,11 @@ def test_nan_row_maps_to_code_zero(rng):
         (dict(x=torch.zeros(3, 4), codebook=torch.zeros(5, 4), metric="dot"), ValueError, "metric"),
         (dict(x=torch.zeros(3, 4), codebook=torch.zeros(5, 4), k=6), ValueError, "k must"),
         (dict(x=torch.zeros(3, 4), codebook=torch.zeros(5, 4), k=0), ValueError, "k must"),
-        (dict(x=torch.zeros(3, 4), codebook=torch.zeros(5, 4, device="meta")), ValueError, "device"),
+        (
+            dict(x=torch.zeros(3, 4), codebook=torch.zeros(5, 4, device="meta")),
+            ValueError,
+            "device",
+        ),
         (dict(x=[1.0], codebook=torch.zeros(5, 4)), TypeError, "torch.Tensor"),
     ],
 )

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
-from triton_dispatch.testing import assert_close, randint, randn
 
+from triton_dispatch.testing import assert_close, randint, randn
 from vq_kernels.ops.ema_update.reference import ema_update_reference_
 
 
@@ -58,11 +58,19 @@ def ddp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         data = torch.randn(2 * 24, 6, generator=torch.Generator().manual_seed(0))
         mine = data.chunk(world)[rank]
         torch.manual_seed(1)
-        exact = ResidualVQ(6, 5, 2, backend="torch", dead_threshold=None, process_group=dist.group.WORLD)
+        exact = ResidualVQ(
+            6, 5, 2, backend="torch", dead_threshold=None, process_group=dist.group.WORLD
+        )
         exact(mine)
         torch.manual_seed(2 + rank)  # different local draws: the broadcast must make them agree
         restarting = ResidualVQ(
-            6, 5, 2, backend="torch", dead_threshold=1, kmeans_init=True, kmeans_iters=2,
+            6,
+            5,
+            2,
+            backend="torch",
+            dead_threshold=1,
+            kmeans_init=True,
+            kmeans_iters=2,
             process_group=dist.group.WORLD,
         )
         restarting(mine)

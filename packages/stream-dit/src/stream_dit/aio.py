@@ -156,7 +156,10 @@ class AsyncStreamSession:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await asyncio.to_thread(self.session.tick)
+            try:
+                await asyncio.to_thread(self.session.tick)
+            except Exception as exc:  # never let one bad tick strand every waiting caller
+                self.session.fail_active(exc)
 
 
 def _settle(fut: asyncio.Future, handle: Handle) -> None:
@@ -165,4 +168,6 @@ def _settle(fut: asyncio.Future, handle: Handle) -> None:
     if handle.status is Status.DONE:
         fut.set_result(handle.result)
     else:
-        fut.set_exception(RequestFailed(f"request {handle.id} {handle.status.value}: {handle.error}"))
+        fut.set_exception(
+            RequestFailed(f"request {handle.id} {handle.status.value}: {handle.error}")
+        )

@@ -49,7 +49,11 @@ def _requests(cfg: BenchConfig, n: int, cond_dim: int, device: torch.device) -> 
     for i in range(n):
         kw = {}
         if cfg.cfg:
-            kw = {"cfg_type": "full", "guidance": 4.0, "negative": torch.randn(cfg.cond_len // 2, cond_dim, generator=gen).to(device)}
+            kw = {
+                "cfg_type": "full",
+                "guidance": 4.0,
+                "negative": torch.randn(cfg.cond_len // 2, cond_dim, generator=gen).to(device),
+            }
         out.append(
             Request(
                 frames=cfg.frames,
@@ -63,13 +67,24 @@ def _requests(cfg: BenchConfig, n: int, cond_dim: int, device: torch.device) -> 
     return out
 
 
+_MODELS: dict = {}
+
+
 def build(cfg: BenchConfig):
     device = torch.device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
-    model = build_model(cfg.preset, seed=0, device=device, dtype=dtype)
-    mode = {"torch": "eager", "eager": "eager", "compile": "compile", "graphs": "graphs"}[cfg.engine]
+    key = (cfg.preset, str(device), cfg.dtype)
+    if key not in _MODELS:  # building the large model takes seconds; runs of one script share it
+        _MODELS.clear()
+        _MODELS[key] = build_model(cfg.preset, seed=0, device=device, dtype=dtype)
+    model = _MODELS[key]
+    mode = {"torch": "eager", "eager": "eager", "compile": "compile", "graphs": "graphs"}[
+        cfg.engine
+    ]
     rows = cfg.depth * (2 if cfg.cfg else 1)
-    engine = TorchEngine(model, max_batch=rows, max_frames=max(cfg.frames, 32), max_cond_len=cfg.cond_len, mode=mode)
+    engine = TorchEngine(
+        model, max_batch=rows, max_frames=max(cfg.frames, 32), max_cond_len=cfg.cond_len, mode=mode
+    )
     return model, engine
 
 
@@ -106,7 +121,9 @@ def time_session(cfg: BenchConfig, model, engine) -> dict:
     }
 
 
-def forward_ms(engine, rows: int, frames: int, length: int, device: torch.device, reps: int = 20) -> float:
+def forward_ms(
+    engine, rows: int, frames: int, length: int, device: torch.device, reps: int = 20
+) -> float:
     """Median ms of one engine forward at a batch of ``rows`` (what a tick cannot go below)."""
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(rows, frames, engine.latent_channels, generator=gen).to(device)
@@ -134,14 +151,21 @@ def time_naive(cfg: BenchConfig, engine) -> dict:
     sched = flow_schedule(cfg.steps, 3.0)
 
     def one(r: Request) -> torch.Tensor:
-        x = torch.randn(1, r.frames, engine.latent_channels, generator=torch.Generator().manual_seed(r.seed)).to(device)
+        x = torch.randn(
+            1, r.frames, engine.latent_channels, generator=torch.Generator().manual_seed(r.seed)
+        ).to(device)
         c, cm = r.cond[None], torch.ones(1, r.cond.shape[0], dtype=torch.bool, device=device)
         for k in range(len(sched) - 1):
             t = torch.full((1,), sched[k], device=device)
             v = engine.forward(x, t, c, cm)
             if cfg.cfg:
                 v = v.clone()
-                vn = engine.forward(x, t, r.negative[None], torch.ones(1, r.negative.shape[0], dtype=torch.bool, device=device))
+                vn = engine.forward(
+                    x,
+                    t,
+                    r.negative[None],
+                    torch.ones(1, r.negative.shape[0], dtype=torch.bool, device=device),
+                )
                 v = vn + r.guidance * (v - vn)
             x = x + (sched[k + 1] - sched[k]) * v
         return x
@@ -176,7 +200,11 @@ def time_host_synced(cfg: BenchConfig, engine) -> dict:
         for i in range(cfg.depth):
             if slots[i] is None and pending:
                 r = pending.pop()
-                x = torch.randn(r.frames, engine.latent_channels, generator=torch.Generator().manual_seed(r.seed)).to(device)
+                x = torch.randn(
+                    r.frames,
+                    engine.latent_channels,
+                    generator=torch.Generator().manual_seed(r.seed),
+                ).to(device)
                 slots[i] = {"r": r, "x": x, "k": 0}
         active = [s for s in slots if s is not None]
         xs = torch.stack([s["x"] for s in active])
@@ -223,7 +251,9 @@ def run(cfg: BenchConfig) -> dict:
         out["naive"] = time_naive(cfg, engine)
         out["host_synced"] = time_host_synced(cfg, engine)
         out["speedup_vs_naive"] = out["session"]["latents_per_s"] / out["naive"]["latents_per_s"]
-        out["tick_speedup_vs_host_synced"] = out["host_synced"]["tick_ms"] / out["session"]["tick_ms"]
+        out["tick_speedup_vs_host_synced"] = (
+            out["host_synced"]["tick_ms"] / out["session"]["tick_ms"]
+        )
     return out
 
 

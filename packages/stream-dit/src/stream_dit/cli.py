@@ -45,15 +45,26 @@ def _serve(args: argparse.Namespace) -> int:
 
         from .server import create_app
     except ImportError:
-        print("stream-dit serve needs the serve extra: pip install 'stream-dit[serve]'", file=sys.stderr)
+        print(
+            "stream-dit serve needs the serve extra: pip install 'stream-dit[serve]'",
+            file=sys.stderr,
+        )
         return 2
     from .engines import TorchEngine
     from .model import build_model
     from .session import StreamSession
 
-    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
+    dtype = getattr(
+        torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    )
     model = build_model(args.preset, seed=args.seed, device=args.device, dtype=dtype)
-    engine = TorchEngine(model, max_batch=2 * args.depth, max_frames=args.max_frames, max_cond_len=args.max_cond_len, mode=args.engine_mode)
+    engine = TorchEngine(
+        model,
+        max_batch=2 * args.depth,
+        max_frames=args.max_frames,
+        max_cond_len=args.max_cond_len,
+        mode=args.engine_mode,
+    )
     session = StreamSession(model, engine, depth=args.depth, max_queue=args.max_queue)
     uvicorn.run(create_app(session), host=args.host, port=args.port, log_level="info")
     return 0
@@ -78,8 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--warmup", type=int, default=30)
     b.add_argument("--cfg", action="store_true", help="guided requests (full CFG)")
     b.add_argument("--engine", choices=["torch", "compile", "graphs"], default="torch")
-    b.add_argument("--preset", default=None, help="model preset (default: large on CUDA, tiny on CPU)")
-    b.add_argument("--frames", type=int, default=250, help="latent frames per request (25 per second)")
+    b.add_argument(
+        "--preset", default=None, help="model preset (default: large on CUDA, tiny on CPU)"
+    )
+    b.add_argument(
+        "--frames", type=int, default=250, help="latent frames per request (25 per second)"
+    )
     b.add_argument("--cond-len", type=int, default=64)
     b.add_argument("--device", default=_device_default())
     b.add_argument("--dtype", default=None)

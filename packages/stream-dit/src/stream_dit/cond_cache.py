@@ -46,7 +46,9 @@ class PaddedStatesCache:
         self.misses += 1
         first = rows[0][0]
         out_dtype = dtype or first.dtype
-        states = torch.zeros(len(rows), length, first.shape[1], dtype=out_dtype, device=first.device)
+        states = torch.zeros(
+            len(rows), length, first.shape[1], dtype=out_dtype, device=first.device
+        )
         mask = torch.zeros(len(rows), length, dtype=torch.bool, device=first.device)
         for i, (s, m) in enumerate(rows):
             n = s.shape[0]

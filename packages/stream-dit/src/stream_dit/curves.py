@@ -44,7 +44,7 @@ class Curve:
         if len(self.values) == 1:
             return self.values[0]
         pos = (step / max(steps - 1, 1)) * (len(self.values) - 1)
-        lo = min(int(math.floor(pos)), len(self.values) - 2)
+        lo = min(math.floor(pos), len(self.values) - 2)
         frac = pos - lo
         return self.values[lo] * (1.0 - frac) + self.values[lo + 1] * frac
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from triton_dispatch import DemoResult, select_backend
 
 from .model import FRAME_RATE, build_model
@@ -32,7 +33,14 @@ def run_demo(output_dir: Path, *, requests: int = 8, depth: int = 4, steps: int 
     frames = 50  # two seconds of audio latents
     handles = [
         session.submit(
-            Request(frames=frames, cond=torch.randn(6, 32, generator=gen), seed=i, steps=steps, shift=3.0, **kinds[i % len(kinds)])
+            Request(
+                frames=frames,
+                cond=torch.randn(6, 32, generator=gen),
+                seed=i,
+                steps=steps,
+                shift=3.0,
+                **kinds[i % len(kinds)],
+            )
         )
         for i in range(requests)
     ]

@@ -65,7 +65,13 @@ class Request:
     tag: str = field(default="", compare=False)
 
     def validate(
-        self, *, channels: int, cond_dim: int, max_frames: int, max_cond_len: int, context_channels: int = 0
+        self,
+        *,
+        channels: int,
+        cond_dim: int,
+        max_frames: int,
+        max_cond_len: int,
+        context_channels: int = 0,
     ) -> None:
         """Normalise curves and check every field against the model and engine limits.
 
@@ -78,8 +84,15 @@ class Request:
             raise ValueError(f"frames={self.frames} exceeds the engine's limit of {max_frames}")
         if not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {self.steps!r}")
-        for name in ("shift", "denoise", "guidance", "cfg_rescale", "apg_momentum",
-                     "apg_norm_threshold", "apg_eta"):
+        for name in (
+            "shift",
+            "denoise",
+            "guidance",
+            "cfg_rescale",
+            "apg_momentum",
+            "apg_norm_threshold",
+            "apg_eta",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -100,16 +113,17 @@ class Request:
             raise ValueError("noise curve values must be >= 0")
         if self.dcw is not None:
             if len(self.dcw) != 2 or not all(math.isfinite(float(v)) for v in self.dcw):
-                raise ValueError(f"dcw must be a pair of finite strengths (low, high), got {self.dcw!r}")
+                raise ValueError(
+                    f"dcw must be a pair of finite strengths (low, high), got {self.dcw!r}"
+                )
             self.dcw = (float(self.dcw[0]), float(self.dcw[1]))
         _check_states(self.cond, self.cond_mask, "cond", cond_dim, max_cond_len)
         if self.negative is not None:
             _check_states(self.negative, self.negative_mask, "negative", cond_dim, max_cond_len)
         elif self.negative_mask is not None:
             raise ValueError("negative_mask given without negative")
-        if self.denoise < 1.0:
-            if self.init_latent is None:
-                raise ValueError("denoise < 1 needs init_latent, the latent to start from")
+        if self.denoise < 1.0 and self.init_latent is None:
+            raise ValueError("denoise < 1 needs init_latent, the latent to start from")
         if self.init_latent is not None:
             _check_latent(self.init_latent, "init_latent", (self.frames, channels))
         if self.context is not None:

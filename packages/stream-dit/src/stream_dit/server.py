@@ -31,7 +31,9 @@ class GenerateBody(BaseModel):
 
     frames: int = Field(ge=1)
     cond: list[list[float]] | None = None
-    cond_seed: int | None = Field(default=None, description="draw (cond_len, D) states from this seed instead of sending them")
+    cond_seed: int | None = Field(
+        default=None, description="draw (cond_len, D) states from this seed instead of sending them"
+    )
     cond_len: int = Field(default=8, ge=0)
     negative: list[list[float]] | None = None
     seed: int = 0
@@ -60,7 +62,9 @@ def to_request(body: GenerateBody, cond_dim: int) -> Request:
     if body.cond is not None:
         cond = _states(body.cond, "cond")
     elif body.cond_seed is not None:
-        cond = torch.randn(body.cond_len, cond_dim, generator=torch.Generator().manual_seed(body.cond_seed))
+        cond = torch.randn(
+            body.cond_len, cond_dim, generator=torch.Generator().manual_seed(body.cond_seed)
+        )
     else:
         raise ValueError("give cond (a list of L rows of D numbers) or cond_seed")
     fields = body.model_dump(exclude={"cond", "cond_seed", "cond_len", "negative"})
@@ -89,7 +93,10 @@ def create_app(session: StreamSession) -> FastAPI:
     async def invalid_body(request, exc: RequestValidationError) -> JSONResponse:
         # the default handler echoes the input back, which fails to encode for NaN/inf
         reasons = [
-            {"field": ".".join(str(p) for p in err.get("loc", ()) if p != "body"), "reason": err.get("msg", "")}
+            {
+                "field": ".".join(str(p) for p in err.get("loc", ()) if p != "body"),
+                "reason": err.get("msg", ""),
+            }
             for err in exc.errors()
         ]
         return JSONResponse(status_code=422, content={"detail": reasons})
@@ -107,6 +114,11 @@ def create_app(session: StreamSession) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"active": session.active, "queued": session.queued, "depth": session.depth, "ticks": session.ticks}
+        return {
+            "active": session.active,
+            "queued": session.queued,
+            "depth": session.depth,
+            "ticks": session.ticks,
+        }
 
     return app

@@ -219,7 +219,9 @@ class StreamSession:
             context_channels=self.context_channels,
         )
         handle = Handle(request, next(self._ids))
-        handle.steps = len(flow_schedule(request.steps, float(request.shift), float(request.denoise))) - 1
+        handle.steps = (
+            len(flow_schedule(request.steps, float(request.shift), float(request.denoise))) - 1
+        )
         self._queue.append((handle, self._prepare(request)))
         return handle
 
@@ -235,16 +237,26 @@ class StreamSession:
         """Device copies of everything the request's ticks read (done at submit, off the tick)."""
         gen = torch.Generator().manual_seed(int(r.seed))
         noise = torch.randn(r.frames, self.channels, generator=gen)
-        cond_mask = r.cond_mask if r.cond_mask is not None else torch.ones(r.cond.shape[0], dtype=torch.bool)
+        cond_mask = (
+            r.cond_mask
+            if r.cond_mask is not None
+            else torch.ones(r.cond.shape[0], dtype=torch.bool)
+        )
         prep = {
             "noise": self._to_device(noise),
             "cond": self._to_device(r.cond, torch.float32),
             "cond_mask": self._to_device(cond_mask),
-            "init": self._to_device(r.init_latent, torch.float32) if r.init_latent is not None else None,
+            "init": self._to_device(r.init_latent, torch.float32)
+            if r.init_latent is not None
+            else None,
             "context": self._to_device(r.context, torch.float32) if r.context is not None else None,
         }
         if r.negative is not None:
-            neg_mask = r.negative_mask if r.negative_mask is not None else torch.ones(r.negative.shape[0], dtype=torch.bool)
+            neg_mask = (
+                r.negative_mask
+                if r.negative_mask is not None
+                else torch.ones(r.negative.shape[0], dtype=torch.bool)
+            )
             prep["negative"] = self._to_device(r.negative, torch.float32)
             prep["negative_mask"] = self._to_device(neg_mask)
         else:
@@ -265,7 +277,12 @@ class StreamSession:
         if nz is not None and min(nz.values) < 0:
             raise ValueError("noise curve values must be >= 0")
         self._pending_shared = SharedCurves(
-            vs, nz, gd, scales_velocity=not is_one(vs), adds_noise=not is_zero(nz), scales_guidance=not is_one(gd)
+            vs,
+            nz,
+            gd,
+            scales_velocity=not is_one(vs),
+            adds_noise=not is_zero(nz),
+            scales_guidance=not is_one(gd),
         )
 
     # ---------------------------------------------------------------- tick
@@ -403,7 +420,10 @@ class StreamSession:
         rows = tuple(s.row for s in slots)
         x = self.state[:, :frames].index_select(0, self._index(rows))
         t = self._times([s.schedule[s.step] for s in slots])
-        cond_rows = [(s.negative, s.negative_mask) if neg else (s.cond, s.cond_mask) for s, neg in zip(slots, negative)]
+        cond_rows = [
+            (s.negative, s.negative_mask) if neg else (s.cond, s.cond_mask)
+            for s, neg in zip(slots, negative)
+        ]
         length = self.engine.cond_bucket(max(c.shape[0] for c, _ in cond_rows))
         states, states_mask = self._cond_cache.get(cond_rows, length)
         frame_mask = self._frame_mask(tuple(s.frames for s in slots), frames)
@@ -430,21 +450,32 @@ class StreamSession:
         frames = self.engine.frames_bucket(max(s.frames for s in slots))
         n, m = len(slots), len(neg_slots)
         stats.rows = n + m
-        if n + m <= self.engine.max_batch:
-            velocity = self._forward(slots + neg_slots, [False] * n + [True] * m, frames)
-            stats.passes = 1
-        else:
-            first = self._forward(slots, [False] * n, frames)
-            # the second execute may reuse the first's output buffer: keep our own copy
-            velocity = torch.empty(n + m, *first.shape[1:], device=first.device, dtype=first.dtype)
-            velocity[:n].copy_(first)
-            velocity[n:].copy_(self._forward(neg_slots, [True] * m, frames))
-            stats.passes = 2
+        try:
+            if n + m <= self.engine.max_batch:
+                velocity = self._forward(slots + neg_slots, [False] * n + [True] * m, frames)
+                stats.passes = 1
+            else:
+                first = self._forward(slots, [False] * n, frames)
+                # the second execute may reuse the first's output buffer: keep our own copy
+                velocity = torch.empty(
+                    n + m, *first.shape[1:], device=first.device, dtype=first.dtype
+                )
+                velocity[:n].copy_(first)
+                velocity[n:].copy_(self._forward(neg_slots, [True] * m, frames))
+                stats.passes = 2
+        except Exception as exc:
+            # a failed execute cannot be pinned on one row: fail the rows it carried, keep serving
+            for slot in slots:
+                self._fail(slot.handle, exc)
+                self._slots[slot.row] = None
+            return []
         neg_row = {id(s): n + j for j, s in enumerate(neg_slots)}
         self._update(slots, velocity, neg_row, stats)
         return self._finish(slots, stats)
 
-    def _update(self, slots: list[_Slot], velocity: torch.Tensor, neg_row: dict, stats: TickStats) -> None:
+    def _update(
+        self, slots: list[_Slot], velocity: torch.Tensor, neg_row: dict, stats: TickStats
+    ) -> None:
         plain_x, plain_v, plain_dt = [], [], []
         fused: list[tuple[_Slot, int, int, float, float]] = []
         for i, slot in enumerate(slots):
@@ -516,8 +547,13 @@ class StreamSession:
             g = self._guidance_scale(slot)
             if r.guidance_mode == "apg":
                 guided_v, slot.apg_running = apg(
-                    v, v_neg, g, slot.apg_running, momentum=r.apg_momentum,
-                    norm_threshold=r.apg_norm_threshold, eta=r.apg_eta,
+                    v,
+                    v_neg,
+                    g,
+                    slot.apg_running,
+                    momentum=r.apg_momentum,
+                    norm_threshold=r.apg_norm_threshold,
+                    eta=r.apg_eta,
                 )
             else:
                 guided_v = cfg_combine(v, v_neg, g)
@@ -561,6 +597,13 @@ class StreamSession:
             handle._notify()
         stats.finished = len(done)
         return done
+
+    def fail_active(self, exc: BaseException) -> None:
+        """Fail every active request with ``exc`` and free its slot (queued ones stay queued)."""
+        for i, slot in enumerate(self._slots):
+            if slot is not None:
+                self._fail(slot.handle, exc)
+                self._slots[i] = None
 
     def run_until_idle(self, max_ticks: int = 100_000) -> list[Handle]:
         """Tick until nothing is active or queued; returns every handle finished along the way."""

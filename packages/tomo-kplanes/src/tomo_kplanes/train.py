@@ -35,12 +35,12 @@ class ReconstructionConfig:
     steps: int = 1000
     rays_per_batch: int = 1024
     samples_per_ray: int = 128
-    lr_planes: float = 2e-2
-    lr_decoder: float = 5e-3
+    lr_planes: float = 1e-1
+    lr_decoder: float = 2e-2
     lr_rotations: float = 1e-3
     warmup_steps: int = 20
     grad_clip: float = 1.0
-    weights: LossWeights = field(default_factory=LossWeights)
+    weights: LossWeights = field(default_factory=lambda: LossWeights(volume_tv=1e-4, plane_tv=1e-4))
     tv_points: int = 2048
     fold_taps: bool = True
     constraints: DensityConstraints = field(default_factory=DensityConstraints)
@@ -106,11 +106,19 @@ def reconstruct(
     config: ReconstructionConfig | None = None,
     *,
     resume: bool = False,
+    stop_at: int | None = None,
 ) -> ReconstructionResult:
     """Fit a rotated K-Planes field to a tilt series ``(n_tilts, n_v, n_u)``.
 
     Under an initialised ``torch.distributed`` process group the field is wrapped in
     ``DistributedDataParallel`` and each rank trains on its own shard of the training rays.
+
+    Args:
+        tilt_series: ``(n_tilts, n_v, n_u)`` line integrals on the device to train on.
+        geometry: the tilt geometry of ``tilt_series``.
+        config: the run's settings.
+        resume: continue from ``config.checkpoint_path`` when it exists (same config).
+        stop_at: return after this step (an interrupted run; resume continues it exactly).
     """
     from tqdm.auto import tqdm
 
@@ -151,9 +159,13 @@ def reconstruct(
 
     batch = min(config.rays_per_batch, max(1, train_rays.numel()))
     per_epoch = max(1, train_rays.numel() // batch)
-    order = torch.randperm(train_rays.numel(), generator=gen, device=device)
+    if step0:
+        order = state["order"].to(device)
+    else:
+        order = torch.randperm(train_rays.numel(), generator=gen, device=device)
     best, bad, stopped = math.inf, 0, False
-    bar = tqdm(range(step0, config.steps), disable=not config.progress or rank != 0, desc="reconstruct")
+    end = config.steps if stop_at is None else min(stop_at, config.steps)
+    bar = tqdm(range(step0, end), disable=not config.progress or rank != 0, desc="reconstruct")
     step = step0
     for step in bar:
         slot = step % per_epoch
@@ -191,6 +203,7 @@ def reconstruct(
                     "field": inner.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "generator": gen.get_state(),
                     "step": step + 1, "losses": losses, "holdout_losses": held_losses,
+                    "order": order,
                     "config": asdict(config),
                 },
                 ckpt,

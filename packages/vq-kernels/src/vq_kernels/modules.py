@@ -135,10 +135,7 @@ class ResidualVQ(nn.Module):
     @torch.no_grad()
     def _kmeans_level(self, data: torch.Tensor, level: int) -> None:
         num_codes = self.codebook_size
-        pick = torch.randint(
-            0, data.shape[0], (num_codes,), device=data.device, generator=self.generator
-        )
-        centroids = data[pick].float()
+        centroids = self._kmeans_pp_seeds(data.float(), num_codes)
         if self.process_group is not None:
             import torch.distributed as dist
 
@@ -160,6 +157,21 @@ class ResidualVQ(nn.Module):
         self.cluster_size[level].copy_(counts)
         self.embed_sum[level].copy_(centroids * counts[:, None])
         self.steps_since_active[level].zero_()
+
+    def _kmeans_pp_seeds(self, data: torch.Tensor, num_codes: int) -> torch.Tensor:
+        """k-means++ seeding on the device: each next seed is drawn with probability ∝ its squared
+        distance to the nearest seed so far (no host sync; one small step per code)."""
+        n = data.shape[0]
+        first = torch.randint(0, n, (1,), device=data.device, generator=self.generator)
+        seeds = data.new_empty(num_codes, data.shape[1])
+        seeds[0] = data[first[0]]
+        nearest = ((data - seeds[0]) ** 2).sum(-1)
+        for i in range(1, num_codes):
+            weights = nearest.clamp_min(0) + 1e-12  # all-zero (duplicate data) → uniform
+            pick = torch.multinomial(weights, 1, generator=self.generator)
+            seeds[i] = data[pick[0]]
+            nearest = torch.minimum(nearest, ((data - seeds[i]) ** 2).sum(-1))
+        return seeds
 
     def _search(self, residual: torch.Tensor, level: int):
         return quantize(residual, self.codebook[level], metric=self.metric, backend=self.backend)

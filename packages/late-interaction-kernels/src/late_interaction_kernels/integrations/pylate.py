@@ -59,12 +59,17 @@ _DEPENDENT_MODULES = (
 )
 
 
-def _wants_kernels(backend: str | None, *tensors: Any) -> bool:
+def _wants_kernels(backend: str | None, *tensors: Any, masks: tuple[Any, ...] = ()) -> bool:
     requested = backend if backend is not None else os.environ.get("PYLATE_SCORES_BACKEND", "auto")
     if not isinstance(requested, str) or requested.lower() not in ("auto", "lik"):
         return False  # "torch", "flash", or a bad value that PyLate itself reports
     if not all(isinstance(t, torch.Tensor) and t.numel() > 0 for t in tensors):
         return False
+    for mask in masks:
+        if mask is not None and (
+            not isinstance(mask, torch.Tensor) or mask.device != tensors[0].device
+        ):
+            return False
     return routes_to_kernels(*tensors)
 
 
@@ -86,8 +91,8 @@ def _make_colbert_scores(original):
         backend: str | None = None,
     ):
         q, d = queries_embeddings, documents_embeddings
-        masks = [m for m in (queries_mask, documents_mask) if m is not None]
-        if not _wants_kernels(backend, q, d, *masks) or q.dim() != 3 or d.dim() != 3:
+        masks = (queries_mask, documents_mask)
+        if not _wants_kernels(backend, q, d, masks=masks) or q.dim() != 3 or d.dim() != 3:
             return original(q, d, queries_mask, documents_mask, **_backend_kwargs(backend))
         maxsim, _ = kernels()
         scores = maxsim(q, zero_masked_tokens(d, documents_mask), as_bool_mask(queries_mask))
@@ -105,8 +110,8 @@ def _make_colbert_kd_scores(original):
         backend: str | None = None,
     ):
         q, d = queries_embeddings, documents_embeddings
-        masks = [m for m in (queries_mask, documents_mask) if m is not None]
-        if not _wants_kernels(backend, q, d, *masks) or q.dim() != 3 or d.dim() != 4:
+        masks = (queries_mask, documents_mask)
+        if not _wants_kernels(backend, q, d, masks=masks) or q.dim() != 3 or d.dim() != 4:
             return original(q, d, queries_mask, documents_mask, **_backend_kwargs(backend))
         maxsim, _ = kernels()
         scores = maxsim(q, zero_masked_tokens(d, documents_mask), as_bool_mask(queries_mask))
@@ -123,7 +128,9 @@ def _pad_uneven(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _make_colbert_scores_pairwise(original):
-    def colbert_scores_pairwise(queries_embeddings, documents_embeddings, backend: str | None = None):
+    def colbert_scores_pairwise(
+        queries_embeddings, documents_embeddings, backend: str | None = None
+    ):
         q, d = queries_embeddings, documents_embeddings
         call_original = lambda: original(q, d, **_backend_kwargs(backend))
         if isinstance(q, torch.Tensor) and isinstance(d, torch.Tensor):
@@ -159,8 +166,8 @@ def _make_colbert_scores_call(original_call, scores_module):
         backend: str | None = None,
     ):
         q, d = queries_embeddings, documents_embeddings
-        masks = [m for m in (queries_mask, documents_mask) if m is not None]
-        if not _wants_kernels(backend, q, d, *masks) or q.dim() != 3 or d.dim() != 4:
+        masks = (queries_mask, documents_mask)
+        if not _wants_kernels(backend, q, d, masks=masks) or q.dim() != 3 or d.dim() != 4:
             kwargs = {} if backend is None else {"backend": backend}
             return original_call(self, q, d, queries_mask, documents_mask, **kwargs)
         # (groups, N, Ld, d) flattened group-major is exactly the query-major column order
@@ -186,7 +193,11 @@ def _functions_with_defaults(modules: list[Any]) -> list[Any]:
                 found[id(value)] = value
             elif inspect.isclass(value) and value.__module__ == module.__name__:
                 for member in vars(value).values():
-                    fn = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
+                    fn = (
+                        member.__func__
+                        if isinstance(member, (staticmethod, classmethod))
+                        else member
+                    )
                     if inspect.isfunction(fn):
                         found[id(fn)] = fn
     return list(found.values())

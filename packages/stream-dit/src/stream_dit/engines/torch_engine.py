@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
+
 from triton_dispatch import next_power_of_2
 
 from ..model.adapter import DenoiserAdapter
@@ -40,11 +41,17 @@ class TorchEngine:
     ) -> None:
         if mode not in ("eager", "compile", "graphs"):
             raise ValueError(f"mode must be 'eager', 'compile' or 'graphs', got {mode!r}")
-        for name, value in (("max_batch", max_batch), ("max_frames", max_frames), ("max_cond_len", max_cond_len)):
+        for name, value in (
+            ("max_batch", max_batch),
+            ("max_frames", max_frames),
+            ("max_cond_len", max_cond_len),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if device is None:
-            device = next(adapter.parameters()).device if isinstance(adapter, torch.nn.Module) else "cpu"
+            device = (
+                next(adapter.parameters()).device if isinstance(adapter, torch.nn.Module) else "cpu"
+            )
         self.device = torch.device(device)
         if mode == "graphs" and self.device.type != "cuda":
             raise ValueError("mode='graphs' needs a CUDA device")
@@ -61,7 +68,9 @@ class TorchEngine:
         self._frame_multiple = frame_multiple
         self._cond_multiple = cond_multiple
         self._fn = torch.compile(adapter, dynamic=False) if mode == "compile" else adapter
-        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]] = {}
+        self._graphs: dict[
+            tuple[int, int, int], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]
+        ] = {}
         self._pool = None
 
     def frames_bucket(self, frames: int) -> int:

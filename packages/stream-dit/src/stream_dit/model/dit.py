@@ -193,8 +193,8 @@ class DiT1D(nn.Module):
             x_in = torch.cat([x, context.to(x.dtype)], dim=-1)
         else:
             x_in = x
-        pad = (-frames) % p
-        if pad:
+        pad = (-frames) % p if p > 1 else 0
+        if p > 1 and pad:  # skipped for patch 1, so ONNX traces of those models stay shape-generic
             x_in = F.pad(x_in, (0, 0, 0, pad))
         n = (frames + pad) // p
         tokens = self.patch_in(x_in.reshape(b, n, -1).to(dtype))

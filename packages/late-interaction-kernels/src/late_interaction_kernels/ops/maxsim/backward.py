@@ -24,12 +24,11 @@ from triton_dispatch import autotune, config_space, padded_dim, shape_bucket
 
 from .buffers import output_buffer
 from .layout import num_pairs
+from .tuning import tuning_bench
 
-BACKWARD_METHODS = ("auto", "unified", "lowmem")
-
-_GQ_CONFIGS = config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[2, 4, 8], num_stages=[1])
-_GD_CONFIGS = config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[2, 4, 8], num_stages=[1])
-_LOWMEM_CONFIGS = config_space({"BLOCK_R": [16, 32, 64]}, num_warps=[2, 4, 8], num_stages=[1])
+_GQ_CONFIGS = config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1])
+_GD_CONFIGS = config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1])
+_LOWMEM_CONFIGS = config_space({"BLOCK_R": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1])
 _INTERPRET_Q = triton.Config({"BLOCK_Q": 16}, num_warps=4, num_stages=1)
 _INTERPRET_R = triton.Config({"BLOCK_R": 16}, num_warps=4, num_stages=1)
 
@@ -43,7 +42,7 @@ def _query_start(LAYOUT: tl.constexpr, CUQ, pair, n_doc, lq):
     return pair.to(tl.int64) * lq
 
 
-@autotune(_GQ_CONFIGS, key=["LQ_BUCKET", "BLOCK_K", "LAYOUT"], interpret_config=_INTERPRET_Q)
+@autotune(_GQ_CONFIGS, key=["LQ_BUCKET", "BLOCK_K", "LAYOUT"], interpret_config=_INTERPRET_Q, do_bench=tuning_bench)
 @triton.jit
 def maxsim_grad_q_kernel(
     G,
@@ -94,6 +93,7 @@ def maxsim_grad_q_kernel(
     key=["LQ_BUCKET", "BLOCK_K", "LAYOUT"],
     reset_to_zero=["GD"],
     interpret_config=_INTERPRET_Q,
+    do_bench=tuning_bench,
 )
 @triton.jit
 def maxsim_grad_d_atomic_kernel(
@@ -132,7 +132,7 @@ def maxsim_grad_d_atomic_kernel(
     )
 
 
-@autotune(_LOWMEM_CONFIGS, key=["BLOCK_K", "LAYOUT"], interpret_config=_INTERPRET_R)
+@autotune(_LOWMEM_CONFIGS, key=["BLOCK_K", "LAYOUT"], interpret_config=_INTERPRET_R, do_bench=tuning_bench)
 @triton.jit
 def maxsim_grad_d_owner_kernel(
     G,

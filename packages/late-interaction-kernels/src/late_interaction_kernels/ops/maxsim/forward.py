@@ -25,6 +25,10 @@ from triton_dispatch.autotune import prune_by_shared_memory
 
 from .buffers import output_buffer
 from .layout import ALL_PAIRS, GROUPED, VARLEN, num_pairs
+from .tuning import tuning_bench
+
+#: ``torch.nn.functional.normalize``'s floor on a token's norm.
+NORM_EPS = 1e-12
 
 #: Queries longer than this are scored in chunks of :data:`QUERY_CHUNK` tokens.
 LONG_QUERY_THRESHOLD = 512
@@ -42,12 +46,12 @@ def _fwd_smem(kw, num_stages, args) -> int:
 
 
 def prune_query_blocks(configs, named_args, **kwargs):
-    """Keep query blocks no larger than the query regime (a 32-token query gains nothing from a
-    128-row block) and no smaller than a quarter of it."""
+    """Keep query blocks between half the query regime and the regime itself (a 32-token query
+    gains nothing from a 128-row block), capped at 128 rows."""
     lq = {**named_args, **kwargs}["LQ_BUCKET"]
-    keep = [c for c in configs if min(lq, 16) <= c.kwargs["BLOCK_Q"] <= max(lq, 16)]
-    keep = [c for c in keep if c.kwargs["BLOCK_Q"] * 4 >= min(lq, 128)] or keep
-    return keep or configs
+    hi = min(max(lq, 16), 128)
+    lo = max(16, min(lq, 128) // 2)
+    return [c for c in configs if lo <= c.kwargs["BLOCK_Q"] <= hi] or configs
 
 
 def _prune_fwd(configs, named_args, **kwargs):
@@ -57,11 +61,10 @@ def _prune_fwd(configs, named_args, **kwargs):
 
 
 _FWD_CONFIGS = config_space(
-    {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [32, 64, 128]},
+    {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [64, 128]},
     num_warps=[4, 8],
     num_stages=[2, 3],
-    where=lambda kw, w, s: not (kw["BLOCK_Q"] * kw["BLOCK_D"] >= 128 * 128 and w < 8)
-    and not (kw["BLOCK_Q"] * kw["BLOCK_D"] <= 32 * 32 and w > 4),
+    where=lambda kw, w, s: not (kw["BLOCK_Q"] * kw["BLOCK_D"] >= 128 * 128 and w < 8),
 )
 _FWD_INTERPRET = triton.Config({"BLOCK_Q": 16, "BLOCK_D": 16}, num_warps=4, num_stages=1)
 
@@ -74,9 +77,10 @@ def _max_nan(a, b):
 
 @autotune(
     _FWD_CONFIGS,
-    key=["LQ_BUCKET", "BLOCK_K", "LAYOUT", "SAVE_ARGMAX", "HAS_QM", "HAS_DM"],
+    key=["LQ_BUCKET", "BLOCK_K", "LAYOUT", "SAVE_ARGMAX", "HAS_QM", "HAS_DM", "NORMALIZE"],
     prune=_prune_fwd,
     interpret_config=_FWD_INTERPRET,
+    do_bench=tuning_bench,
 )
 @triton.jit
 def maxsim_fwd_kernel(
@@ -101,6 +105,8 @@ def maxsim_fwd_kernel(
     HAS_DM: tl.constexpr,
     SAVE_ARGMAX: tl.constexpr,
     UPCAST: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    NORM_EPS: tl.constexpr,
     IEEE: tl.constexpr,
     DYNAMIC_BOUNDS: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -152,6 +158,9 @@ def maxsim_fwd_kernel(
         )
         if UPCAST:
             q = q.to(tl.float32)
+        if NORMALIZE:
+            q32 = q.to(tl.float32)
+            q_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(q32 * q32, 1)), NORM_EPS)
         best = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
         best_idx = tl.zeros((BLOCK_Q,), dtype=tl.int32)
         for j0 in range(0, d_stop, BLOCK_D):
@@ -170,6 +179,11 @@ def maxsim_fwd_kernel(
                 s = tl.dot(q, x, input_precision="ieee")
             else:
                 s = tl.dot(q, x)
+            if NORMALIZE:
+                # cosine from the raw dot product: no normalised copy of Q or D is ever written
+                x32 = x.to(tl.float32)
+                x_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(x32 * x32, 0)), NORM_EPS)
+                s = s * q_scale[:, None] * x_scale[None, :]
             s = tl.where(col_ok[None, :], s, float("-inf"))
             tile_best = tl.reduce(s, 1, _max_nan)
             if SAVE_ARGMAX:
@@ -213,6 +227,7 @@ def maxsim_forward_triton(
     lq: int,
     ld: int,
     save_argmax: bool,
+    normalize: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores ``(pairs,)`` fp32 and, when ``save_argmax``, argmax rows ``(pairs, lq)`` int32."""
     n_pairs = num_pairs(layout, n_query, n_doc)
@@ -256,6 +271,8 @@ def maxsim_forward_triton(
         HAS_DM=d_mask is not None,
         SAVE_ARGMAX=save_argmax,
         UPCAST=upcast,
+        NORMALIZE=normalize,
+        NORM_EPS=NORM_EPS,
         IEEE=ieee,
         DYNAMIC_BOUNDS=not interpreter_enabled(),
         BLOCK_K=padded_dim(dim),

@@ -29,13 +29,6 @@ def num_pairs(layout: int, n_query: int, n_doc: int) -> int:
     return n_query * n_doc if layout in (ALL_PAIRS, GROUPED) else n_query
 
 
-def num_doc_rows_owner(layout: int, n_query: int, n_doc: int) -> int:
-    """How many documents ``D2`` holds (padded layouts)."""
-    if layout == ALL_PAIRS:
-        return n_doc
-    return num_pairs(layout, n_query, n_doc)
-
-
 def query_of_pair(layout: int, pairs: torch.Tensor, n_doc: int) -> torch.Tensor:
     return pairs // n_doc if layout in (ALL_PAIRS, GROUPED) else pairs
 

@@ -47,10 +47,11 @@ def forward_torch(
     dm = d_mask
     if dm is not None and layout in (GROUPED, PAIRS):
         dm = dm.view(D3.shape[:-1])
-    scores, local = maxsim_reference(Q3, D3, q_mask, dm, return_argmax=save_argmax)
-    scores = scores.reshape(n_pairs)
     if not save_argmax:
+        scores = maxsim_reference(Q3, D3, q_mask, dm).reshape(n_pairs)
         return scores, Q2.new_empty((0,), dtype=torch.int32)
+    scores, local = maxsim_reference(Q3, D3, q_mask, dm, return_argmax=True)
+    scores = scores.reshape(n_pairs)
     local = local.reshape(n_pairs, lq)
     if layout == ALL_PAIRS:
         doc = torch.arange(n_pairs, device=Q2.device) % max(n_doc, 1)

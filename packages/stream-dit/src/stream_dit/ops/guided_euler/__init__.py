@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 import torch
+
 from triton_dispatch import select_backend, uses_triton
 
 from .reference import guided_euler_reference_
@@ -51,13 +52,17 @@ def guided_euler_(
     """
     n = len(slot_rows)
     if not (len(pos_rows) == len(neg_rows) == len(lengths) == len(guidance) == len(dt) == n):
-        raise ValueError("slot_rows, pos_rows, neg_rows, lengths, guidance and dt must have one entry per row")
+        raise ValueError(
+            "slot_rows, pos_rows, neg_rows, lengths, guidance and dt must have one entry per row"
+        )
     if state.dim() != 3 or velocity.dim() != 3:
         raise ValueError(
             f"state must be (S, T, C) and velocity (R, T, C); got {tuple(state.shape)} and {tuple(velocity.shape)}"
         )
     if state.shape[2] != velocity.shape[2]:
-        raise ValueError(f"channel mismatch: state C={state.shape[2]}, velocity C={velocity.shape[2]}")
+        raise ValueError(
+            f"channel mismatch: state C={state.shape[2]}, velocity C={velocity.shape[2]}"
+        )
     if state.dtype != torch.float32:
         raise TypeError(f"state must be float32, got {state.dtype}")
     if not velocity.is_floating_point():
@@ -66,7 +71,11 @@ def guided_euler_(
         raise ValueError("state rows must be contiguous (T, C) blocks")
     if velocity.stride(1) != velocity.shape[2] or velocity.stride(2) != 1:
         raise ValueError("velocity rows must be contiguous (T, C) blocks")
-    for name, rows, bound in (("slot_rows", slot_rows, state.shape[0]), ("pos_rows", pos_rows, velocity.shape[0]), ("neg_rows", neg_rows, velocity.shape[0])):
+    for name, rows, bound in (
+        ("slot_rows", slot_rows, state.shape[0]),
+        ("pos_rows", pos_rows, velocity.shape[0]),
+        ("neg_rows", neg_rows, velocity.shape[0]),
+    ):
         if any(not 0 <= r < bound for r in rows):
             raise ValueError(f"{name} must lie in [0, {bound}), got {list(rows)}")
     limit = min(state.shape[1], velocity.shape[1])
@@ -80,7 +89,9 @@ def guided_euler_(
         return state
     chosen = select_backend(state, velocity, backend=backend)
     if not uses_triton(chosen):
-        return guided_euler_reference_(state, velocity, slot_rows, pos_rows, neg_rows, lengths, guidance, dt)
+        return guided_euler_reference_(
+            state, velocity, slot_rows, pos_rows, neg_rows, lengths, guidance, dt
+        )
 
     from .forward import guided_euler_triton_
 
@@ -89,7 +100,9 @@ def guided_euler_(
     rows = rows_cache.get(key) if rows_cache is not None else None
     if rows is None:
         numel = [length * channels for length in lengths]
-        rows = _pinned([list(slot_rows), list(pos_rows), list(neg_rows), numel], torch.int64, state.device)
+        rows = _pinned(
+            [list(slot_rows), list(pos_rows), list(neg_rows), numel], torch.int64, state.device
+        )
         if rows_cache is not None:
             if len(rows_cache) > 64:
                 rows_cache.pop(next(iter(rows_cache)))

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch import common_device, uses_triton
 
+from .._dispatch import backend_for
 from .._validation import (
     require_contiguous,
     require_float,
@@ -144,7 +145,7 @@ def ema_statistics(
             f"x must be (B, D) or (L, B, D) and codes x.shape[:-1]; got x {tuple(x.shape)}, "
             f"codes {tuple(codes.shape)}"
         )
-    chosen = select_backend(x, codes, backend=backend)
+    chosen = backend_for(common_device([x, codes], names=["x", "codes"]), backend)
     counts, sums = _ema_statistics_op(
         _as_levels("x", x.detach(), stacked),
         _as_levels("codes", codes, stacked),
@@ -311,7 +312,7 @@ def ema_update_(
     for name, t in zip(names[2:6], tensors[2:6]):
         if t is not None:
             require_contiguous(name, t)
-    chosen = select_backend(x, backend=backend)
+    chosen = backend_for(device, backend)
 
     if batch == 0 and process_group is None:
         return torch.zeros(cluster_size.shape, dtype=torch.bool, device=device)

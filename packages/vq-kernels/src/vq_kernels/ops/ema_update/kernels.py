@@ -33,7 +33,7 @@ def _row_is_finite(tile):
 
 @autotune(
     config_space({}, num_warps=[2, 4, 8]),
-    key=["ROWS_BUCKET", "BLOCK_D", "BLOCK_B"],
+    key=["ROWS_BUCKET", "BLOCK_D", "BLOCK_B", "SINGLE_TILE"],
     reset_to_zero=["counts_ptr", "sums_ptr"],
 )
 @triton.jit
@@ -46,6 +46,7 @@ def scatter_statistics_kernel(
     D,
     K,
     ROWS_BUCKET: tl.constexpr,
+    SINGLE_TILE: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -63,7 +64,7 @@ def scatter_statistics_kernel(
     x_rows = x_ptr + (level * B + rows).to(tl.int64)[:, None] * D
     target = level * K + code
     cols = tl.arange(0, BLOCK_D)
-    if D <= BLOCK_D:
+    if SINGLE_TILE:
         m = keep[:, None] & (cols[None, :] < D)
         tile = tl.load(x_rows + cols[None, :], mask=m, other=0.0).to(tl.float32)
         keep = keep & _row_is_finite(tile)
@@ -241,6 +242,7 @@ def scatter_statistics(x: torch.Tensor, codes: torch.Tensor, num_codes: int):
         dim,
         num_codes,
         ROWS_BUCKET=shape_bucket(batch, minimum=256, maximum=1 << 20),
+        SINGLE_TILE=dim <= block_d,
         BLOCK_B=block_b,
         BLOCK_D=block_d,
     )

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch import common_device, uses_triton
 
+from .._dispatch import backend_for
 from .._validation import require_float, require_tensor
 from .reference import METRICS, code_scores, quantize_reference
 
@@ -81,8 +82,7 @@ def quantize(
     require_float("codebook", codebook)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= codebook.shape[0]:
         raise ValueError(f"k must be an int in [1, K={codebook.shape[0]}], got {k!r}")
-    common_device([x, codebook], names=["x", "codebook"])
-    chosen = select_backend(x, codebook, backend=backend)
+    chosen = backend_for(common_device([x, codebook], names=["x", "codebook"]), backend)
     lead = x.shape[:-1]
     flat = x.detach().reshape(-1, x.shape[-1])
     if k == 1:

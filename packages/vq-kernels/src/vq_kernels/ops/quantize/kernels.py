@@ -42,9 +42,9 @@ def _smem(meta, num_stages, args):
 
 @autotune(
     config_space(
-        {"BLOCK_B": [64, 128], "BLOCK_K": [64, 128], "BLOCK_D": [32, 64]},
+        {"BLOCK_B": [64, 128], "BLOCK_K": [64, 128], "BLOCK_D": [32]},
         num_warps=[4, 8],
-        num_stages=[2, 3],
+        num_stages=[3],
     ),
     key=["B_BUCKET", "K_BUCKET", "D_PADDED", "SPLIT_BUCKET", "COSINE"],
     prune=prune_by_shared_memory(_smem),
@@ -158,7 +158,8 @@ def nearest_code(
         codebook.stride(0),
         COSINE=metric == "cosine",
         UPCAST=upcast,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        # fp32 products follow torch's matmul flag: exact IEEE unless the user allowed TF32.
+        PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
         B_BUCKET=shape_bucket(batch, minimum=64, maximum=1 << 16),
         K_BUCKET=shape_bucket(num_codes, minimum=64, maximum=1 << 16),
         D_PADDED=padded_dim(dim),

@@ -46,6 +46,17 @@ def quantize_reference(
     """
     batch = x.shape[0]
     num_codes = codebook.shape[0]
+    if k == 1:
+        best = torch.full((batch,), float("inf"), device=x.device)
+        codes = torch.zeros(batch, dtype=torch.int64, device=x.device)
+        for start in range(0, num_codes, chunk):
+            d = distances_reference(x, codebook[start : start + chunk], metric)
+            idx = torch.argmin(d, dim=1)  # the first of equal minima
+            value = d.gather(1, idx[:, None])[:, 0]
+            better = value < best.to(value.dtype)  # strict: an earlier chunk keeps a tie
+            codes = torch.where(better, idx + start, codes)
+            best = torch.where(better, value, best.to(value.dtype))
+        return codes
     best_d = x.new_empty(batch, 0, dtype=torch.promote_types(x.dtype, torch.float32))
     best_i = torch.empty(batch, 0, dtype=torch.int64, device=x.device)
     for start in range(0, num_codes, chunk):
