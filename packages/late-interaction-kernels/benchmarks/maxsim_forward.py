@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 
 import torch
-from triton_dispatch.bench import benchmark_arguments, compare, report
 
 from late_interaction_kernels import maxsim
+from triton_dispatch.bench import benchmark_arguments, compare, report
 
 # name, (Nq, Nd, Lq, Ld, d), best published figure in ms (H100, bf16), compile the baseline?
 CASES = [

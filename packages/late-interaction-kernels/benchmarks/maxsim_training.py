@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 
 import torch
-from triton_dispatch.bench import benchmark_arguments, compare, report
 
 from late_interaction_kernels import maxsim
 from late_interaction_kernels.ops.maxsim import resolve_backward
+from triton_dispatch.bench import benchmark_arguments, compare, report
 
 # name, (B, K or None for in-batch all-pairs, Lq, Ld, d), best published figure (ms)
 CASES = [

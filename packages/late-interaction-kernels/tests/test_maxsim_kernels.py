@@ -190,16 +190,39 @@ def test_half_precision(rng, device, dtype, method):
     )
 
 
-def test_normalize(rng, device):
-    Q, D = _inputs(rng, device, (2, 9, 32), (3, 14, 32))
-    Q.data.mul_(5)
+@pytest.mark.parametrize("backend", [None, "torch"])
+@pytest.mark.parametrize("method", METHODS)
+def test_normalize(rng, device, method, backend):
+    Q, D = _inputs(rng, device, (2, 9, 48), (2, 3, 14, 48))
+    with torch.no_grad():
+        Q.mul_(5)
+        D[0, 1, 3] = 0  # a zero token: cosine 0, finite gradient
     qm = rand_mask((2, 9), generator=rng, device=device)
     assert_gradients_match(
-        lambda q, d: maxsim(q, d, qm, normalize=True),
+        lambda q, d: maxsim(q, d, qm, normalize=True, backward=method, backend=backend),
         lambda q, d: maxsim_reference(q, d, qm, normalize=True),
         [Q, D],
         generator=rng,
         names=["Q", "D"],
+    )
+
+
+def test_normalize_pairs_and_varlen(rng, device):
+    Q, D = _inputs(rng, device, (2, 6, 16), (2, 11, 16), dtype=torch.float16)
+    assert_gradients_match(
+        lambda q, d: maxsim_pairs(q, d, normalize=True),
+        lambda q, d: maxsim_pairs_reference(q, d, normalize=True),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+    Qp, Dp, cu_q, cu_d = _packed(rng, device, [3, 6], [8, 5], 16)
+    assert_gradients_match(
+        lambda q, d: maxsim_varlen(q, d, cu_q, cu_d, normalize=True, backward="lowmem"),
+        lambda q, d: maxsim_varlen_reference(q, d, cu_q, cu_d, normalize=True),
+        [Qp, Dp],
+        generator=rng,
+        names=["Q_packed", "D_packed"],
     )
 
 

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import torch
-from triton_dispatch.bench import benchmark_arguments, compare, report
 
 from tomo_kplanes.ops import tilted_plane_features
 from tomo_kplanes.ops.tilted_plane_features import tilted_plane_features_reference
+from triton_dispatch.bench import benchmark_arguments, compare, report
 
 
 def main() -> None:

@@ -6,7 +6,6 @@ taps) and with the taps folded into one call. Peak memory of each."""
 from __future__ import annotations
 
 import torch
-from triton_dispatch.bench import benchmark_arguments, compare, report
 
 from tomo_kplanes.geometry import TiltGeometry, tilt_range
 from tomo_kplanes.model import KPlanesTilted
@@ -16,6 +15,7 @@ from tomo_kplanes.objective import (
     TomographyObject,
     reconstruction_loss,
 )
+from triton_dispatch.bench import benchmark_arguments, compare, report
 
 
 def make_step(res, channels, rotations, rays, samples, tv_points, *, fused, fold, device):

@@ -8,7 +8,7 @@ from tomo_kplanes.io import load_tilt_series, read_angles, read_tilt_series, wri
 def test_tiff_stack_and_tlt_round_trip(tmp_path):
     tifffile = pytest.importorskip("tifffile")
     data = np.random.default_rng(0).random((3, 5, 6)).astype(np.float32)
-    tifffile.imwrite(tmp_path / "s.tif", data)
+    tifffile.imwrite(tmp_path / "s.tif", data, photometric="minisblack")
     (tmp_path / "s.tlt").write_text("-30.0\n 0.0\n30.0\n")
     stack, angles = load_tilt_series(tmp_path / "s.tif", tmp_path / "s.tlt")
     np.testing.assert_array_equal(stack, data)
@@ -29,7 +29,7 @@ def test_mrc_stack_and_volume_round_trip(tmp_path):
 
 def test_tilt_count_mismatch_is_rejected(tmp_path):
     tifffile = pytest.importorskip("tifffile")
-    tifffile.imwrite(tmp_path / "s.tif", np.zeros((3, 4, 4), np.float32))
+    tifffile.imwrite(tmp_path / "s.tif", np.zeros((3, 4, 4), np.float32), photometric="minisblack")
     with pytest.raises(ValueError, match="3 images but 2 tilt angles"):
         load_tilt_series(tmp_path / "s.tif", [0.0, 10.0])
 
@@ -38,7 +38,7 @@ def test_non_finite_pixels_are_rejected(tmp_path):
     tifffile = pytest.importorskip("tifffile")
     data = np.zeros((2, 4, 4), np.float32)
     data[1, 2, 3] = np.nan
-    tifffile.imwrite(tmp_path / "s.tif", data)
+    tifffile.imwrite(tmp_path / "s.tif", data, photometric="minisblack")
     with pytest.raises(ValueError, match="non-finite"):
         read_tilt_series(tmp_path / "s.tif")
 

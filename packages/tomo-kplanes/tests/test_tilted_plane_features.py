@@ -1,10 +1,10 @@
 import pytest
 import torch
-from triton_dispatch import interpreter_enabled
-from triton_dispatch.testing import assert_close, assert_gradients_match
 
 from tomo_kplanes.ops import tilted_plane_features
 from tomo_kplanes.ops.tilted_plane_features import tilted_plane_features_reference
+from triton_dispatch import interpreter_enabled
+from triton_dispatch.testing import assert_close, assert_gradients_match
 
 
 def _inputs(rng, n, t, c, h, w, *, dtype=torch.float64, spread=1.3, device="cpu", channels_last=False):
@@ -162,7 +162,7 @@ def test_traces_under_torch_compile_fullgraph(rng, device):
 @pytest.mark.gpu
 def test_inductor_compile_on_cuda_matches_reference(rng):
     points, rot, planes = _inputs(rng, 4096, 4, 32, 64, 64, dtype=torch.float32, device="cuda", channels_last=True)
-    compiled = torch.compile(lambda p, r, l: tilted_plane_features(p, r, l).sum(dim=1), fullgraph=True)
+    compiled = torch.compile(lambda p, r, pl: tilted_plane_features(p, r, pl).sum(dim=1), fullgraph=True)
     out = compiled(points, rot, planes)
     ref = tilted_plane_features_reference(*(x.detach().double() for x in (points, rot, planes))).sum(1)
     assert_close(out, ref, tol=1e-5)

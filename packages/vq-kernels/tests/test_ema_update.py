@@ -62,9 +62,10 @@ def test_matches_float64_reference(shape, semantics, deterministic, rng):
     assert_state_matches(st, ref, replaced, ref_replaced)
 
 
-def test_statistics_match_reference_without_one_hot(rng):
+@pytest.mark.parametrize("code_dtype", [torch.int32, torch.int64])
+def test_statistics_match_reference_without_one_hot(code_dtype, rng):
     x = randn((53, 9), generator=rng)
-    codes = randint(0, 11, (53,), generator=rng)
+    codes = randint(0, 11, (53,), generator=rng, dtype=code_dtype)
     counts, sums = ema_statistics(x, codes, 11)
     ref_counts, ref_sums = ema_statistics_reference(
         x[None].double(), codes[None], 11, dtype=torch.float64

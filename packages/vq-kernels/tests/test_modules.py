@@ -165,3 +165,21 @@ def test_ddp_statistics_are_all_reduced(tmp_path):
     single(data)
     for name, value in single.state_dict().items():
         torch.testing.assert_close(value, states[0]["exact"][name], msg=name)
+
+
+def test_empty_batch_is_a_no_op_with_zero_loss():
+    m = ResidualVQ(4, 6, 2)
+    before = copy.deepcopy(m.state_dict())
+    out = m(torch.empty(0, 4))
+    assert out.codes.shape == (0, 2) and out.loss.item() == 0.0
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_cosine_metric_module(rng):
+    m = VectorQuantizer(5, 9, metric="cosine")
+    x = randn((12, 5), generator=rng)
+    codebook = m.codebook[0].clone()
+    out = m(x)
+    want, _ = quantize(x, codebook, metric="cosine")
+    assert torch.equal(out.codes, want)

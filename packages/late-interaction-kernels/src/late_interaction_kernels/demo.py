@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from triton_dispatch import DemoResult, select_backend
 
 from .ops.maxsim import maxsim

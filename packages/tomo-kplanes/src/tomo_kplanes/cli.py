@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--rotations", type=int, default=2)
     rec.add_argument("--channels", type=int, default=8)
     rec.add_argument("--rays-per-batch", type=int, default=512)
+    rec.add_argument("--volume-tv", type=float, default=1e-4, help="volume TV weight")
     rec.add_argument("--sirt-iterations", type=int, default=30)
     rec.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     rec.add_argument("--seed", type=int, default=0)
@@ -71,7 +72,7 @@ def run_reconstruct(args: argparse.Namespace) -> dict:
     config = ReconstructionConfig(
         resolution=size, channels=args.channels, rotations=args.rotations, steps=args.steps,
         rays_per_batch=args.rays_per_batch, samples_per_ray=size, tv_points=1024,
-        weights=LossWeights(volume_tv=2e-4, plane_tv=1e-4), seed=args.seed,
+        weights=LossWeights(volume_tv=args.volume_tv, plane_tv=1e-4), seed=args.seed,
         progress=not args.no_progress, eval_every=max(50, args.steps // 8),
     )
     t0 = time.perf_counter()

@@ -162,7 +162,7 @@ def project_volume(
 
 def tilt_range(max_angle: float, step: float) -> torch.Tensor:
     """Angles ``-max_angle, …, +max_angle`` in steps of ``step`` degrees."""
-    n = int(math.floor(2 * max_angle / step + 1e-6)) + 1
+    n = math.floor(2 * max_angle / step + 1e-6) + 1
     return torch.linspace(-max_angle, -max_angle + (n - 1) * step, n)
 
 

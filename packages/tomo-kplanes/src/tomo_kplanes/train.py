@@ -96,7 +96,7 @@ def cosine_schedule(optimizer, total: int, warmup: int) -> torch.optim.lr_schedu
 def _split_rays(n_rays: int, config: ReconstructionConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(config.seed + 1)
     perm = torch.randperm(n_rays, generator=g)
-    n_hold = int(round(n_rays * config.holdout_fraction)) if config.holdout_fraction > 0 else 0
+    n_hold = round(n_rays * config.holdout_fraction) if config.holdout_fraction > 0 else 0
     return perm[n_hold:].to(device), perm[:n_hold].to(device)
 
 

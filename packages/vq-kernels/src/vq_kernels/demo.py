@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import torch
+
 from triton_dispatch import DemoResult, select_backend
 
 from .modules import ResidualVQ, perplexity

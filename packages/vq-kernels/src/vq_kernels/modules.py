@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .ops.ema_update import _DEFAULT, DEFAULT_THRESHOLDS, SEMANTICS, ema_statistics, ema_update_
@@ -42,6 +41,11 @@ def perplexity(codes: torch.Tensor, num_codes: int) -> torch.Tensor:
     counts = torch.bincount(codes.reshape(-1).long(), minlength=num_codes).float()
     p = counts / counts.sum().clamp_min(1)
     return torch.exp(-(p * torch.log(p.clamp_min(1e-12))).sum())
+
+
+def _mean_square(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``mse_loss`` that is 0, not NaN, on an empty batch (a DDP rank may get none)."""
+    return (a - b).float().square().sum() / max(a.numel(), 1)
 
 
 class ResidualVQ(nn.Module):
@@ -193,9 +197,9 @@ class ResidualVQ(nn.Module):
             codes.append(c)
             inputs.append(residual.detach())
             q = q.to(flat.dtype)
-            loss = loss + self.commitment_weight * F.mse_loss(residual, q.detach()).float()
+            loss = loss + self.commitment_weight * _mean_square(residual, q.detach())
             if not self.ema:
-                loss = loss + F.mse_loss(q, residual.detach()).float()
+                loss = loss + _mean_square(q, residual.detach())
             residual = residual - q.detach()
             quantized = quantized + q
         if init_now:

@@ -31,9 +31,14 @@ def patching_disabled() -> bool:
 
 
 def _release(text: str) -> tuple[int, ...]:
+    """The numeric release of a version string: ``"1.0.0rc1+local"`` -> ``(1, 0, 0)``."""
     parts: list[int] = []
     for piece in text.split("+")[0].split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
         if not digits:
             break
         parts.append(int(digits))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from triton_dispatch import common_device, select_backend, uses_triton
 
@@ -103,12 +102,10 @@ def _zeros(shape, Q: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _normalize(Q: torch.Tensor, D: torch.Tensor, normalize: bool):
+def _check_normalize(normalize) -> bool:
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
-    if not normalize:
-        return Q, D
-    return F.normalize(Q, dim=-1), F.normalize(D, dim=-1)
+    return normalize
 
 
 def _no_grad_through_empty_docs(ld: int, Q: torch.Tensor, D: torch.Tensor) -> None:
@@ -161,17 +158,17 @@ def maxsim(
     d_mask = _check_mask("d_mask", d_mask, tuple(D.shape[:-1]))
     chosen = _backend_for([Q, D, q_mask, d_mask], ["Q", "D", "q_mask", "d_mask"], backend)
     method = resolve_backward(backward, layout, nq, n_doc)
+    normalize = _check_normalize(normalize)
     out_shape = (nq, n_doc)
     _no_grad_through_empty_docs(ld, Q, D)
     if nq == 0 or n_doc == 0 or lq == 0 or ld == 0:
         return _zeros(out_shape, Q, D)
-    Q, D = _normalize(Q, D, normalize)
     dm = None if d_mask is None else d_mask.reshape(-1, ld)
     scores, _ = maxsim_forward_op(
         Q.reshape(nq * lq, d).contiguous(),
         D.reshape(-1, d).contiguous(),
         q_mask, dm, None, None,
-        layout, nq, n_doc, lq, ld, _needs_grad(Q, D), chosen, method,
+        layout, nq, n_doc, lq, ld, _needs_grad(Q, D), chosen, method, normalize,
     )  # fmt: skip
     return scores.view(out_shape)
 
@@ -201,15 +198,15 @@ def maxsim_pairs(
     d_mask = _check_mask("d_mask", d_mask, (b, ld))
     chosen = _backend_for([Q, D, q_mask, d_mask], ["Q", "D", "q_mask", "d_mask"], backend)
     method = resolve_backward(backward, PAIRS, b, 1)
+    normalize = _check_normalize(normalize)
     _no_grad_through_empty_docs(ld, Q, D)
     if b == 0 or lq == 0 or ld == 0:
         return _zeros((b,), Q, D)
-    Q, D = _normalize(Q, D, normalize)
     scores, _ = maxsim_forward_op(
         Q.reshape(b * lq, d).contiguous(),
         D.reshape(b * ld, d).contiguous(),
         q_mask, d_mask, None, None,
-        PAIRS, b, 1, lq, ld, _needs_grad(Q, D), chosen, method,
+        PAIRS, b, 1, lq, ld, _needs_grad(Q, D), chosen, method, normalize,
     )  # fmt: skip
     return scores
 
@@ -267,6 +264,7 @@ def maxsim_varlen(
     chosen = _backend_for(tensors, ["Q_packed", "D_packed", "cu_seqlens_q", "cu_seqlens_d"], backend)
     b = cu_seqlens_q.numel() - 1
     method = resolve_backward(backward, VARLEN, b, 1)
+    normalize = _check_normalize(normalize)
     if not torch.compiler.is_compiling():
         q_lens = _seqlens("cu_seqlens_q", cu_seqlens_q, Q_packed.shape[0])
         d_lens = _seqlens("cu_seqlens_d", cu_seqlens_d, D_packed.shape[0])
@@ -281,13 +279,13 @@ def maxsim_varlen(
         raise ValueError("maxsim_varlen under torch.compile needs max_seqlen_q")
     if b == 0 or max_seqlen_q == 0:
         return _zeros((b,), Q_packed, D_packed)
-    Q_packed, D_packed = _normalize(Q_packed, D_packed, normalize)
     ld = int(max_seqlen_d) if max_seqlen_d is not None else 0
     scores, _ = maxsim_forward_op(
         Q_packed.contiguous(),
         D_packed.contiguous(),
         None, None, cu_seqlens_q.contiguous(), cu_seqlens_d.contiguous(),
         VARLEN, b, 1, int(max_seqlen_q), ld, _needs_grad(Q_packed, D_packed), chosen, method,
+        normalize,
     )  # fmt: skip
     return scores
 

@@ -45,15 +45,19 @@ def maxsim_forward_op(
     save_argmax: bool,
     backend: str,
     method: str,
+    normalize: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores ``(pairs,)`` and the argmax rows ``(pairs, lq)`` (``(0,)`` when not saved).
     ``method`` is only read by the backward."""
-    args = (Q2, D2, q_mask, d_mask, cu_q, cu_d, layout, n_query, n_doc, lq, ld, save_argmax)
+    args = (Q2, D2, q_mask, d_mask, cu_q, cu_d, layout, n_query, n_doc, lq, ld, save_argmax, normalize)
     return forward_torch(*args) if backend == "torch" else _triton_forward(*args)
 
 
 @maxsim_forward_op.register_fake
-def _(Q2, D2, q_mask, d_mask, cu_q, cu_d, layout, n_query, n_doc, lq, ld, save_argmax, backend, method):
+def _(
+    Q2, D2, q_mask, d_mask, cu_q, cu_d, layout, n_query, n_doc, lq, ld, save_argmax, backend, method,
+    normalize,
+):  # fmt: skip
     n_pairs = num_pairs(layout, n_query, n_doc)
     dtype = compute_dtype(Q2.dtype) if backend == "torch" else torch.float32
     scores = Q2.new_empty((n_pairs,), dtype=dtype)
@@ -76,14 +80,17 @@ def maxsim_backward_op(
     method: str,
     need_q: bool,
     need_d: bool,
+    normalize: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(grad_Q2, grad_D2)``; an unneeded gradient comes back as an empty ``(0,)`` tensor."""
     if backend == "torch":
-        gq, gd = backward_torch(grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq)
+        gq, gd = backward_torch(
+            grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, normalize=normalize
+        )
     else:
         gq, gd = _triton_backward(
             grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, method,
-            need_q=need_q, need_d=need_d,
+            need_q=need_q, need_d=need_d, normalize=normalize,
         )  # fmt: skip
     gq = gq if need_q else Q2.new_empty(_EMPTY)
     gd = gd if need_d else D2.new_empty(_EMPTY)
@@ -91,21 +98,25 @@ def maxsim_backward_op(
 
 
 @maxsim_backward_op.register_fake
-def _(grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method, need_q, need_d):
+def _(
+    grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method, need_q, need_d,
+    normalize,
+):  # fmt: skip
     gq = torch.empty_like(Q2) if need_q else Q2.new_empty(_EMPTY)
     gd = torch.empty_like(D2) if need_d else D2.new_empty(_EMPTY)
     return gq, gd
 
 
 def _setup_context(ctx, inputs, output):
-    Q2, D2, _, _, cu_q, _, layout, n_query, n_doc, lq, _, save_argmax, backend, method = inputs
+    (Q2, D2, _, _, cu_q, _, layout, n_query, n_doc, lq, _, save_argmax, backend, method,
+     normalize) = inputs  # fmt: skip
     ctx.save_for_backward(Q2, D2, output[1], cu_q)
-    ctx.meta = (layout, n_query, n_doc, lq, save_argmax, backend, method)
+    ctx.meta = (layout, n_query, n_doc, lq, save_argmax, backend, method, normalize)
 
 
 def _backward(ctx, grad_scores, _grad_argmax):
     Q2, D2, argmax, cu_q = ctx.saved_tensors
-    layout, n_query, n_doc, lq, save_argmax, backend, method = ctx.meta
+    layout, n_query, n_doc, lq, save_argmax, backend, method, normalize = ctx.meta
     if not save_argmax:
         raise RuntimeError(
             "maxsim: the forward ran without saving argmax indices (grad mode was off or no input "
@@ -114,9 +125,9 @@ def _backward(ctx, grad_scores, _grad_argmax):
     need_q, need_d = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     gq, gd = maxsim_backward_op(
         grad_scores, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method,
-        need_q, need_d,
+        need_q, need_d, normalize,
     )  # fmt: skip
-    return (gq if need_q else None, gd if need_d else None) + (None,) * 12
+    return (gq if need_q else None, gd if need_d else None) + (None,) * 13
 
 
 maxsim_forward_op.register_autograd(_backward, setup_context=_setup_context)

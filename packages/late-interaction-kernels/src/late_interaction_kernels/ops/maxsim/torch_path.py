@@ -7,6 +7,7 @@ backward scatters from the saved argmax indices, like the kernels do.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from .layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN, num_pairs, query_rows
 from .reference import compute_dtype, maxsim_reference, maxsim_varlen_reference
@@ -26,11 +27,14 @@ def forward_torch(
     lq: int,
     ld: int,
     save_argmax: bool,
+    normalize: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     d = Q2.shape[-1]
     n_pairs = num_pairs(layout, n_query, n_doc)
     if layout == VARLEN:
-        scores, local = maxsim_varlen_reference(Q2, D2, cu_q, cu_d, return_argmax=True)
+        scores, local = maxsim_varlen_reference(
+            Q2, D2, cu_q, cu_d, normalize=normalize, return_argmax=True
+        )
         if not save_argmax:
             return scores, Q2.new_empty((0,), dtype=torch.int32)
         argmax = torch.full((n_pairs, lq), -1, dtype=torch.int32, device=Q2.device)
@@ -48,9 +52,9 @@ def forward_torch(
     if dm is not None and layout in (GROUPED, PAIRS):
         dm = dm.view(D3.shape[:-1])
     if not save_argmax:
-        scores = maxsim_reference(Q3, D3, q_mask, dm).reshape(n_pairs)
+        scores = maxsim_reference(Q3, D3, q_mask, dm, normalize=normalize).reshape(n_pairs)
         return scores, Q2.new_empty((0,), dtype=torch.int32)
-    scores, local = maxsim_reference(Q3, D3, q_mask, dm, return_argmax=True)
+    scores, local = maxsim_reference(Q3, D3, q_mask, dm, normalize=normalize, return_argmax=True)
     scores = scores.reshape(n_pairs)
     local = local.reshape(n_pairs, lq)
     if layout == ALL_PAIRS:
@@ -72,8 +76,12 @@ def backward_torch(
     n_query: int,
     n_doc: int,
     lq: int,
+    normalize: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     ct = compute_dtype(Q2.dtype)
+    Qc, Dc = Q2.to(ct), D2.to(ct)
+    if normalize:
+        Qc, Dc = F.normalize(Qc, dim=-1), F.normalize(Dc, dim=-1)
     n_pairs = num_pairs(layout, n_query, n_doc)
     rows = query_rows(layout, n_pairs, n_doc, lq, cu_q, Q2.device).reshape(-1)
     flat = argmax.reshape(-1).long()
@@ -81,10 +89,20 @@ def backward_torch(
     target, rows = flat[keep], rows[keep]
     g = grad.to(ct)[:, None].expand(n_pairs, lq).reshape(-1)[keep][:, None]
     grad_q = torch.zeros(Q2.shape, dtype=ct, device=Q2.device)
-    grad_q.index_add_(0, rows, D2[target].to(ct) * g)
+    grad_q.index_add_(0, rows, Dc[target] * g)
     grad_d = torch.zeros(D2.shape, dtype=ct, device=D2.device)
-    grad_d.index_add_(0, target, Q2[rows].to(ct) * g)
+    grad_d.index_add_(0, target, Qc[rows] * g)
+    if normalize:
+        grad_q, grad_d = normalize_backward(grad_q, Q2.to(ct)), normalize_backward(grad_d, D2.to(ct))
     return grad_q.to(Q2.dtype), grad_d.to(D2.dtype)
+
+
+def normalize_backward(grad_hat: torch.Tensor, x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """Gradient w.r.t. ``x`` from the gradient w.r.t. ``F.normalize(x, dim=-1)``."""
+    norm = x.norm(dim=-1, keepdim=True)
+    x_hat = x / norm.clamp_min(eps)
+    proj = torch.where(norm > eps, (grad_hat * x_hat).sum(-1, keepdim=True), 0.0)
+    return (grad_hat - proj * x_hat) / norm.clamp_min(eps)
 
 
 __all__ = ["backward_torch", "forward_torch"]

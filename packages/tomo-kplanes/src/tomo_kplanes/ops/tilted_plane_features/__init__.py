@@ -10,6 +10,7 @@ axis conventions.
 from __future__ import annotations
 
 import torch
+
 from triton_dispatch import common_device, select_backend, uses_triton
 
 from .reference import PLANE_AXES, rotate_points, tilted_plane_features_reference

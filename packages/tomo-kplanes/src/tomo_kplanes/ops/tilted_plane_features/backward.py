@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from triton_dispatch import autotune, config_space, next_power_of_2
 
 from .sampling import sample_plane_with_slopes, scatter_plane_grad

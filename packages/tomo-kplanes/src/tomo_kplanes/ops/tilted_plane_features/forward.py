@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
 from triton_dispatch import autotune, config_space, next_power_of_2
 
 from .sampling import sample_plane

@@ -31,8 +31,7 @@ DEFAULT_THRESHOLDS = {"active_only": 20, "decay_all": 2.0}
 _DEFAULT = object()
 
 
-@torch.library.custom_op("vq_kernels::ema_statistics", mutates_args=())
-def _ema_statistics_op(
+def _ema_statistics_impl(
     x: torch.Tensor, codes: torch.Tensor, num_codes: int, deterministic: bool, backend: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     levels, batch, dim = x.shape
@@ -50,6 +49,11 @@ def _ema_statistics_op(
     return ema_statistics_reference(x, codes, num_codes, dtype=dtype)
 
 
+_ema_statistics_op = torch.library.custom_op("vq_kernels::ema_statistics", mutates_args=())(
+    _ema_statistics_impl
+)
+
+
 @_ema_statistics_op.register_fake
 def _(x, codes, num_codes, deterministic, backend):
     levels, _, dim = x.shape
@@ -59,11 +63,7 @@ def _(x, codes, num_codes, deterministic, backend):
     )
 
 
-@torch.library.custom_op(
-    "vq_kernels::ema_apply_",
-    mutates_args=("codebook", "cluster_size", "embed_sum", "steps_since_active"),
-)
-def _ema_apply_op(
+def _ema_apply_impl(
     codebook: torch.Tensor,
     cluster_size: torch.Tensor,
     embed_sum: torch.Tensor,
@@ -71,7 +71,8 @@ def _ema_apply_op(
     counts: torch.Tensor,
     sums: torch.Tensor,
     src: torch.Tensor,
-    row_index: torch.Tensor,
+    candidates: torch.Tensor,
+    rows_per_level: int,
     decay: float,
     eps: float,
     semantics: str,
@@ -91,16 +92,18 @@ def _ema_apply_op(
             counts.to(torch.float32).contiguous(),
             sums.to(torch.float32).contiguous(),
             src.contiguous(),
-            row_index.contiguous(),
+            candidates.contiguous(),
+            rows_per_level,
             decay=decay,
             eps=eps,
             semantics=semantics,
             threshold=thr,
             reset_size=reset_cluster_size(semantics, thr),
         )
-        return replaced.bool()
+        return replaced
     levels, num_codes, dim = codebook.shape
-    rows = src[row_index.long()].view(levels, num_codes, dim)
+    offsets = torch.arange(levels, device=src.device)[:, None] * rows_per_level
+    rows = src[(candidates.long() + offsets).reshape(-1)].view(levels, num_codes, dim)
     return ema_apply_reference_(
         codebook,
         cluster_size,
@@ -116,8 +119,14 @@ def _ema_apply_op(
     )
 
 
+_ema_apply_op = torch.library.custom_op(
+    "vq_kernels::ema_apply_",
+    mutates_args=("codebook", "cluster_size", "embed_sum", "steps_since_active"),
+)(_ema_apply_impl)
+
+
 @_ema_apply_op.register_fake
-def _(codebook, cluster_size, embed_sum, steps_since_active, counts, sums, src, row_index, *rest):
+def _(codebook, cluster_size, embed_sum, steps_since_active, *rest):
     return cluster_size.new_empty(cluster_size.shape, dtype=torch.bool)
 
 
@@ -345,21 +354,26 @@ def ema_update_(
             0, max(batch, 1), (levels, num_codes), generator=generator, device=device
         )
 
-    counts, sums = _ema_statistics_op(x3, codes3, num_codes, bool(deterministic), chosen)
+    # Eager calls skip the custom-op dispatcher (tens of microseconds per call); traced calls need
+    # the registered ops.
+    compiling = torch.compiler.is_compiling()
+    statistics_fn = _ema_statistics_op if compiling else _ema_statistics_impl
+    apply_fn = _ema_apply_op if compiling else _ema_apply_impl
+    counts, sums = statistics_fn(x3, codes3, num_codes, bool(deterministic), chosen)
     if process_group is not None:
         import torch.distributed as dist
 
         dist.all_reduce(counts, group=process_group)
         dist.all_reduce(sums, group=process_group)
-        rows = gather_replacement_rows(x3.to(sum3.dtype), cand3).contiguous()
+        rows = gather_replacement_rows(x3, cand3).to(sum3.dtype).contiguous()
         dist.broadcast(rows, src=dist.get_global_rank(process_group, 0), group=process_group)
         src = rows.view(levels * num_codes, dim)
-        row_index = torch.arange(levels * num_codes, device=device)
+        cand3 = torch.arange(num_codes, device=device).expand(levels, num_codes).contiguous()
+        rows_per_level = num_codes
     else:
         src = x3.contiguous().view(levels * batch, dim)
-        offsets = torch.arange(levels, device=device)[:, None] * batch
-        row_index = (cand3 + offsets).reshape(-1)
-    replaced = _ema_apply_op(
+        rows_per_level = batch
+    replaced = apply_fn(
         cb3,
         size3,
         sum3,
@@ -367,7 +381,8 @@ def ema_update_(
         counts,
         sums,
         src,
-        row_index,
+        cand3,
+        rows_per_level,
         float(decay),
         float(eps),
         semantics,

@@ -36,7 +36,7 @@ def _row_is_finite(tile):
     key=["ROWS_BUCKET", "BLOCK_D", "BLOCK_B", "SINGLE_TILE"],
     reset_to_zero=["counts_ptr", "sums_ptr"],
 )
-@triton.jit
+@triton.jit(do_not_specialize=["ROWS_BUCKET"])
 def scatter_statistics_kernel(
     x_ptr,
     codes_ptr,
@@ -45,7 +45,7 @@ def scatter_statistics_kernel(
     B,
     D,
     K,
-    ROWS_BUCKET: tl.constexpr,
+    ROWS_BUCKET,
     SINGLE_TILE: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -129,7 +129,7 @@ def segment_statistics_kernel(
     interpret_config=triton.Config({"BLOCK_K": 16, "BLOCK_D": 16}, num_warps=4),
     restore_value=["codebook_ptr", "size_ptr", "sum_ptr", "counter_ptr"],
 )
-@triton.jit
+@triton.jit(do_not_specialize=["CODES_BUCKET", "D_PADDED"])
 def ema_epilogue_kernel(
     codebook_ptr,
     size_ptr,
@@ -139,8 +139,9 @@ def ema_epilogue_kernel(
     sums_ptr,
     total_ptr,
     src_ptr,
-    row_index_ptr,
+    cand_ptr,
     replaced_ptr,
+    rows_per_level,
     LK,
     K,
     D,
@@ -150,8 +151,8 @@ def ema_epilogue_kernel(
     reset_size,
     DECAY_ALL: tl.constexpr,
     HAS_THRESHOLD: tl.constexpr,
-    CODES_BUCKET: tl.constexpr,
-    D_PADDED: tl.constexpr,
+    CODES_BUCKET,
+    D_PADDED,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -178,7 +179,9 @@ def ema_epilogue_kernel(
     new_counter = tl.where(active, 0, counter + 1)
 
     cols = tl.arange(0, BLOCK_D)
-    row = tl.load(row_index_ptr + g, mask=gm, other=0).to(tl.int64)
+    row = (g // K).to(tl.int64) * rows_per_level + tl.load(cand_ptr + g, mask=gm, other=0).to(
+        tl.int64
+    )
     if HAS_THRESHOLD:
         if DECAY_ALL:
             dead = gm & (new_size < threshold)
@@ -217,7 +220,7 @@ def ema_epilogue_kernel(
         tl.where(replaced, 0, new_counter).to(counter_ptr.dtype.element_ty),
         mask=gm,
     )
-    tl.store(replaced_ptr + g, replaced.to(tl.int8), mask=gm)
+    tl.store(replaced_ptr + g, replaced, mask=gm)
 
 
 def scatter_statistics(x: torch.Tensor, codes: torch.Tensor, num_codes: int):
@@ -278,7 +281,8 @@ def ema_epilogue(
     counts: torch.Tensor,
     sums: torch.Tensor,
     src: torch.Tensor,
-    row_index: torch.Tensor,
+    candidates: torch.Tensor,
+    rows_per_level: int,
     *,
     decay: float,
     eps: float,
@@ -286,12 +290,13 @@ def ema_epilogue(
     threshold: float | None,
     reset_size: float,
 ) -> torch.Tensor:
-    """Run the epilogue in place on contiguous state; returns the replaced mask (L, K) as int8.
+    """Run the epilogue in place on contiguous state; returns the bool replaced mask (L, K).
 
-    The replacement row of flat code ``g`` is ``src[row_index[g]]`` (src is (rows, D)).
+    The replacement row of code ``k`` of level ``l`` is ``src[l · rows_per_level + candidates[l, k]]``
+    (src is (rows, D)).
     """
     levels, num_codes, dim = codebook.shape
-    replaced = torch.empty(levels, num_codes, device=codebook.device, dtype=torch.int8)
+    replaced = torch.empty(levels, num_codes, device=codebook.device, dtype=torch.bool)
     decay_all = semantics == "decay_all"
     if decay_all:
         total = (decay * cluster_size + (1.0 - decay) * counts).sum(-1)
@@ -307,8 +312,9 @@ def ema_epilogue(
         sums,
         total,
         src,
-        row_index,
+        candidates,
         replaced,
+        rows_per_level,
         levels * num_codes,
         num_codes,
         dim,

@@ -14,8 +14,7 @@ from .reference import METRICS, code_scores, quantize_reference
 __all__ = ["METRICS", "quantize"]
 
 
-@torch.library.custom_op("vq_kernels::nearest_code", mutates_args=())
-def _nearest_code_op(
+def _nearest_code_impl(
     x: torch.Tensor, codebook: torch.Tensor, metric: str, backend: str
 ) -> torch.Tensor:
     if x.shape[0] == 0:
@@ -31,6 +30,11 @@ def _nearest_code_op(
         term = code_scores(cb, metric, torch.float32).contiguous()
         return nearest_code(x, cb, term, metric)
     return quantize_reference(x, codebook.to(x.dtype), metric, 1)
+
+
+_nearest_code_op = torch.library.custom_op("vq_kernels::nearest_code", mutates_args=())(
+    _nearest_code_impl
+)
 
 
 @_nearest_code_op.register_fake
@@ -56,7 +60,8 @@ def quantize(
 
     ``metric="l2"`` ranks by Euclidean distance, ``"cosine"`` by cosine similarity (largest first).
     Inputs may be fp32, fp16 or bf16 (fp64 runs the reference); the codebook is cast to ``x``'s
-    dtype for the products, which accumulate in fp32 (fp32 products are IEEE, not TF32). Ties go
+    dtype for the products, which accumulate in fp32 (fp32 products are IEEE unless
+    ``torch.backends.cuda.matmul.allow_tf32`` is set, then TF32). Ties go
     to the lowest index, as with ``torch.argmin``; codes whose distances differ by less than the
     rounding of the arithmetic may be ranked differently than a float64 computation would rank
     them. A row holding NaN maps to code 0.
@@ -86,7 +91,9 @@ def quantize(
     lead = x.shape[:-1]
     flat = x.detach().reshape(-1, x.shape[-1])
     if k == 1:
-        codes = _nearest_code_op(flat, codebook.detach(), metric, chosen)
+        # Eager calls skip the custom-op dispatcher; traced calls need the registered op.
+        search = _nearest_code_op if torch.compiler.is_compiling() else _nearest_code_impl
+        codes = search(flat, codebook.detach(), metric, chosen)
         return codes.view(lead), F.embedding(codes, codebook).view(*lead, codebook.shape[1])
     codes = quantize_reference(flat, codebook.detach().to(flat.dtype), metric, k)
     quantized = F.embedding(codes, codebook)

@@ -1,0 +1,113 @@
+"""MaxSim against the hidden states of the document encoder, with the ColBERT projection head
+fused in.
+
+The projected documents are built one chunk of documents at a time and, when gradients are
+needed, recomputed chunk by chunk in the backward pass (activation checkpointing), so the full
+``(Nd, Ld, d)`` projection is never held: memory is that of one chunk, whatever ``Nd``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+from triton_dispatch import common_device
+
+from ..maxsim import maxsim
+from .reference import project
+
+__all__ = ["maxsim_from_hidden"]
+
+#: Documents projected per chunk when none is given.
+DEFAULT_CHUNK_SIZE = 256
+
+
+def _shape(x) -> str:
+    return (
+        f"{x.dtype} tensor of shape {tuple(x.shape)}"
+        if isinstance(x, torch.Tensor)
+        else type(x).__name__
+    )
+
+
+def _validate(Q, H_d, W, b, d_mask, q_mask, chunk_size) -> None:
+    for name, t, rank, layout in (
+        ("Q", Q, 3, "(Nq, Lq, d)"),
+        ("H_d", H_d, 3, "(Nd, Ld, h)"),
+        ("W", W, 2, "(h, d)"),
+    ):
+        if not isinstance(t, torch.Tensor) or t.dim() != rank or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating {layout} tensor, got {_shape(t)}")
+    if H_d.shape[-1] != W.shape[0]:
+        raise ValueError(
+            f"W must be (h, d) with h = H_d.shape[-1] = {H_d.shape[-1]}, got {tuple(W.shape)}"
+        )
+    if Q.shape[-1] != W.shape[1]:
+        raise ValueError(f"Q has width {Q.shape[-1]} but W projects to d = {W.shape[1]}")
+    if b is not None and (not isinstance(b, torch.Tensor) or tuple(b.shape) != (W.shape[1],)):
+        raise ValueError(f"b must be a ({W.shape[1]},) tensor, got {_shape(b)}")
+    dtypes = {t.dtype for t in (Q, H_d, W, b) if t is not None}
+    if len(dtypes) != 1:
+        raise TypeError(f"Q, H_d, W and b must share one dtype, got {sorted(map(str, dtypes))}")
+    for name, mask, shape in (("d_mask", d_mask, H_d.shape[:2]), ("q_mask", q_mask, Q.shape[:2])):
+        if mask is not None and (
+            not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.shape != shape
+        ):
+            raise ValueError(
+                f"{name} must be a bool tensor of shape {tuple(shape)}, got {_shape(mask)}"
+            )
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    common_device([Q, H_d, W, b, d_mask, q_mask], names=["Q", "H_d", "W", "b", "d_mask", "q_mask"])
+
+
+def _score_chunk(Q, H, W, b, d_mask, q_mask, normalize: bool) -> torch.Tensor:
+    return maxsim(Q, project(H, W, b, normalize), q_mask, d_mask)
+
+
+def maxsim_from_hidden(
+    Q: torch.Tensor,
+    H_d: torch.Tensor,
+    W: torch.Tensor,
+    b: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    q_mask: torch.Tensor | None = None,
+    normalize: bool = True,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Late-interaction scores of queries against documents given as encoder hidden states.
+
+    ``score[i, j] = maxsim(Q[i], normalize(H_d[j] @ W + b))``: the document side of a ColBERT head
+    fused with the scoring. Differentiable in ``Q``, ``H_d``, ``W`` and ``b``.
+
+    Args:
+        Q: query token embeddings ``(Nq, Lq, d)`` (already projected and normalised by the head).
+        H_d: document hidden states ``(Nd, Ld, h)``.
+        W: projection ``(h, d)``; ``b``: optional bias ``(d,)``.
+        d_mask, q_mask: bool ``(Nd, Ld)`` / ``(Nq, Lq)``, True = valid. Masked document tokens
+            never win; a document with no valid token scores 0 and gets exactly zero gradient.
+        normalize: L2-normalise the projected document tokens (ColBERT does).
+        chunk_size: documents projected at a time (default :data:`DEFAULT_CHUNK_SIZE`).
+
+    Returns:
+        float32 scores ``(Nq, Nd)``.
+    """
+    chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+    _validate(Q, H_d, W, b, d_mask, q_mask, chunk_size)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (Q, H_d, W, b)
+    )
+    blocks = []
+    for start in range(0, H_d.shape[0], chunk_size):
+        H = H_d[start : start + chunk_size]
+        mask = None if d_mask is None else d_mask[start : start + chunk_size]
+        if needs_grad and H_d.shape[0] > chunk_size:
+            block = checkpoint(
+                _score_chunk, Q, H, W, b, mask, q_mask, normalize, use_reentrant=False
+            )
+        else:
+            block = _score_chunk(Q, H, W, b, mask, q_mask, normalize)
+        blocks.append(block)
+    if not blocks:
+        return maxsim(Q, Q.new_zeros(0, H_d.shape[1], W.shape[1]), q_mask)
+    return torch.cat(blocks, dim=1)

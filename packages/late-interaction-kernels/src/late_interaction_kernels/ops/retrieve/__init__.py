@@ -1,0 +1,177 @@
+"""Batched MaxSim scoring of queries against a large document collection, with top-k.
+
+Documents are scored in chunks: only one ``(Nq, chunk)`` block of scores (and, for a list of
+uneven documents, one padded chunk) exists at a time, and a running top-k is merged after each
+chunk, so memory stays bounded whatever the collection size. Inference only (no autograd graph is
+kept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..maxsim import maxsim
+
+__all__ = ["MaxSimScorer", "retrieve"]
+
+#: Documents scored per chunk when none is given.
+DEFAULT_CHUNK_SIZE = 4096
+
+
+def _check_queries(Q, q_mask) -> None:
+    if not isinstance(Q, torch.Tensor) or Q.dim() != 3:
+        raise ValueError(f"Q must be a (Nq, Lq, d) tensor, got {_describe(Q)}")
+    if q_mask is not None and (
+        not isinstance(q_mask, torch.Tensor)
+        or q_mask.dtype != torch.bool
+        or tuple(q_mask.shape) != tuple(Q.shape[:2])
+    ):
+        raise ValueError(
+            f"q_mask must be a bool tensor of shape {tuple(Q.shape[:2])}, got {_describe(q_mask)}"
+        )
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return f"a {type(x).__name__}"
+
+
+class MaxSimScorer:
+    """A document collection held for repeated scoring and top-k search.
+
+    Args:
+        documents: ``(Nd, Ld, d)`` tensor (padded; give ``d_mask``) or a sequence of ``(L_i, d)``
+            tensors of uneven lengths (padded chunk by chunk, the padding masked out).
+        d_mask: bool ``(Nd, Ld)``, True = valid token; only with a tensor ``documents``.
+        chunk_size: documents per chunk (default :data:`DEFAULT_CHUNK_SIZE`).
+        normalize: L2-normalise every token before scoring.
+
+    Example:
+        >>> scorer = MaxSimScorer(doc_embeddings, d_mask)
+        >>> scores, ids = scorer.topk(query_embeddings, k=10)
+    """
+
+    def __init__(
+        self,
+        documents: torch.Tensor | Sequence[torch.Tensor],
+        d_mask: torch.Tensor | None = None,
+        *,
+        chunk_size: int | None = None,
+        normalize: bool = False,
+    ) -> None:
+        if chunk_size is None:
+            chunk_size = DEFAULT_CHUNK_SIZE
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        if isinstance(documents, torch.Tensor):
+            if documents.dim() != 3:
+                raise ValueError(
+                    f"documents must be (Nd, Ld, d) or a list of (L, d) tensors, got {_describe(documents)}"
+                )
+            if d_mask is not None and (
+                not isinstance(d_mask, torch.Tensor)
+                or d_mask.dtype != torch.bool
+                or tuple(d_mask.shape) != tuple(documents.shape[:2])
+            ):
+                raise ValueError(
+                    f"d_mask must be a bool tensor of shape {tuple(documents.shape[:2])}, got {_describe(d_mask)}"
+                )
+            self._padded, self._list = documents, None
+            self.dim = documents.shape[-1]
+        else:
+            if d_mask is not None:
+                raise ValueError(
+                    "d_mask is only accepted with a (Nd, Ld, d) tensor; a list of documents is masked by its lengths"
+                )
+            docs = list(documents)
+            for i, doc in enumerate(docs):
+                if not isinstance(doc, torch.Tensor) or doc.dim() != 2:
+                    raise ValueError(
+                        f"documents[{i}] must be an (L, d) tensor, got {_describe(doc)}"
+                    )
+            if docs and any(doc.shape[-1] != docs[0].shape[-1] for doc in docs):
+                raise ValueError("every document must have the same embedding width d")
+            self._padded, self._list = None, docs
+            self.dim = docs[0].shape[-1] if docs else 0
+        self.d_mask = d_mask
+        self.chunk_size = chunk_size
+        self.normalize = normalize
+
+    def __len__(self) -> int:
+        return self._padded.shape[0] if self._padded is not None else len(self._list)
+
+    def _chunks(self):
+        """Yield ``(start, D_chunk, d_mask_chunk)``."""
+        n = len(self)
+        for start in range(0, n, self.chunk_size):
+            stop = min(start + self.chunk_size, n)
+            if self._padded is not None:
+                mask = None if self.d_mask is None else self.d_mask[start:stop]
+                yield start, self._padded[start:stop], mask
+            else:
+                docs = self._list[start:stop]
+                lengths = torch.tensor([doc.shape[0] for doc in docs], device=docs[0].device)
+                padded = torch.nn.utils.rnn.pad_sequence(docs, batch_first=True)
+                mask = torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
+                yield start, padded, mask
+
+    def _check(self, Q, q_mask) -> None:
+        _check_queries(Q, q_mask)
+        if len(self) == 0:
+            raise ValueError("the document collection is empty")
+        if Q.shape[-1] != self.dim:
+            raise ValueError(f"Q has embedding width {Q.shape[-1]}, the documents have {self.dim}")
+
+    @torch.no_grad()
+    def scores(self, Q: torch.Tensor, q_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """All scores, float32 ``(Nq, Nd)`` (the full matrix: use :meth:`topk` for large
+        collections)."""
+        self._check(Q, q_mask)
+        blocks = [
+            maxsim(Q, D, q_mask, mask, normalize=self.normalize) for _, D, mask in self._chunks()
+        ]
+        return torch.cat(blocks, dim=1)
+
+    @torch.no_grad()
+    def topk(
+        self, Q: torch.Tensor, k: int, q_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` best documents per query: ``(scores float32 (Nq, k), indices int64 (Nq, k))``,
+        best first."""
+        self._check(Q, q_mask)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(self):
+            raise ValueError(
+                f"k must be an int in [1, {len(self)}] (the number of documents), got {k!r}"
+            )
+        best_scores = best_ids = None
+        for start, D, mask in self._chunks():
+            block = maxsim(Q, D, q_mask, mask, normalize=self.normalize)
+            ids = torch.arange(start, start + block.shape[1], device=block.device).expand_as(block)
+            if best_scores is not None:
+                block = torch.cat([best_scores, block], dim=1)
+                ids = torch.cat([best_ids, ids], dim=1)
+            take = min(k, block.shape[1])
+            best_scores, where = block.topk(take, dim=1)
+            best_ids = ids.gather(1, where)
+        return best_scores, best_ids
+
+
+def retrieve(
+    Q: torch.Tensor,
+    D: torch.Tensor | Sequence[torch.Tensor],
+    k: int,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    chunk_size: int | None = None,
+    normalize: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Brute-force top-``k`` late-interaction search of ``Q (Nq, Lq, d)`` in ``D``.
+
+    ``D`` is ``(Nd, Ld, d)`` (with ``d_mask``) or a list of ``(L_i, d)`` tensors. Returns
+    ``(scores float32 (Nq, k), indices int64 (Nq, k))``, best first. See :class:`MaxSimScorer`.
+    """
+    return MaxSimScorer(D, d_mask, chunk_size=chunk_size, normalize=normalize).topk(Q, k, q_mask)
