@@ -63,7 +63,7 @@ def run_tests(out: Path, env: dict[str, str], pytest_args: list[str], timeout: i
     return {"exit": code, "seconds": round(time.perf_counter() - start, 1), "result": tail[0]}
 
 
-def benchmark_scripts(only: set[str] | None) -> list[tuple[str, Path]]:
+def benchmark_scripts(only: set[str] | None, scripts: set[str] | None = None) -> list[tuple[str, Path]]:
     found = []
     folders = [ROOT / "shared" / "triton-dispatch", *sorted((ROOT / "packages").iterdir())]
     for pkg in folders:
@@ -72,18 +72,23 @@ def benchmark_scripts(only: set[str] | None) -> list[tuple[str, Path]]:
         for script in (
             sorted((pkg / "benchmarks").glob("*.py")) if (pkg / "benchmarks").is_dir() else []
         ):
-            if not script.name.startswith("_"):
+            if not script.name.startswith("_") and (not scripts or script.stem in scripts):
                 found.append((pkg.name, script))
     return found
 
 
 def run_benchmarks(
-    out: Path, env: dict[str, str], only: set[str] | None, quick: bool, timeout: int
+    out: Path,
+    env: dict[str, str],
+    only: set[str] | None,
+    scripts: set[str] | None,
+    quick: bool,
+    timeout: int,
 ) -> list[dict]:
     scratch = out / "bench-parts"
     scratch.mkdir(exist_ok=True)
     results = []
-    for pkg, script in benchmark_scripts(only):
+    for pkg, script in benchmark_scripts(only, scripts):
         part = scratch / f"{pkg}__{script.stem}.json"
         cmd = [sys.executable, str(script), "--out", str(part)] + (["--quick"] if quick else [])
         start = time.perf_counter()
@@ -128,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-results")))
     parser.add_argument("--only", nargs="*", help="package folders to benchmark (and test)")
+    parser.add_argument("--bench", nargs="*", help="benchmark script names (stems) to run")
     parser.add_argument("--skip-tests", action="store_true")
     parser.add_argument("--skip-bench", action="store_true")
     parser.add_argument("--quick", action="store_true", help="pass --quick to every benchmark")
@@ -150,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         summary["tests"] = run_tests(args.out, env, targets, args.test_timeout)
         print(f"tests: {summary['tests']}", flush=True)
     if not args.skip_bench:
-        bench = run_benchmarks(args.out, env, only, args.quick, args.bench_timeout)
+        bench = run_benchmarks(
+            args.out, env, only, set(args.bench) if args.bench else None, args.quick, args.bench_timeout
+        )
         (args.out / "benchmarks.json").write_text(json.dumps(bench, indent=2, default=str))
         summary["benchmarks"] = [
             {k: b[k] for k in ("package", "script", "exit", "seconds")}

@@ -54,9 +54,11 @@ def main() -> int:
         cx = dict(LAYOUT=layout, NORMALIZE=layout == 3, BLOCK_K=128, BLOCK_Q=32)
         common = {"G": "*fp32", "ARGMAX": "*i32", "CUQ": "*i32", "n_doc": "i32", "lq": "i32",
                   "dim": "i32", "LQ_BUCKET": "i32"}  # fmt: skip
-        sig = dict(common, D="*bf16", GQ="*bf16")
+        sig = {"G": "*fp32", "D": "*bf16", "ARGMAX": "*i32", "CUQ": "*i32", "GQ": "*fp32",
+               "n_doc": "i32", "docs_per_split": "i32", "q_rows": "i32", "lq": "i32", "dim": "i32",
+               "LQ_BUCKET": "i32"}  # fmt: skip
         check(f"grad_q layout={layout}", backward.maxsim_grad_q_kernel, sig, cx)
-        sig = dict(common, Q="*fp16", GD="*fp32")
+        sig = {"G": "*fp32", "Q": "*fp16", "ARGMAX": "*i32", "CUQ": "*i32", "GD": "*fp32", **common}
         check(f"grad_d atomic layout={layout}", backward.maxsim_grad_d_atomic_kernel, sig, cx)
         sig = {"G": "*fp32", "Q": "*bf16", "ORDER": "*i64", "OFFSETS": "*i64", "CUQ": "*i64",
                "GD": "*bf16", "n_rows": "i32", "n_doc": "i32", "lq": "i32", "dim": "i32"}  # fmt: skip

@@ -110,7 +110,6 @@ def test_cuda_graph_capture(rng, method):
     graph = torch.cuda.CUDAGraph()
     Q.grad = D.grad = None
     with torch.cuda.graph(graph):
-        gq = None
         maxsim(Q, D, backward=method).sum().backward()
         gq, gd = Q.grad, D.grad
     with torch.no_grad():

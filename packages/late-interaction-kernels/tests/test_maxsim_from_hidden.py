@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_dispatch.testing import assert_close, assert_gradients_match
 
 from late_interaction_kernels.ops.maxsim_from_hidden import maxsim_from_hidden
 from late_interaction_kernels.ops.maxsim_from_hidden.reference import (
     maxsim_from_hidden_reference,
 )
+from triton_dispatch.testing import assert_gradients_match
 
 NQ, LQ, ND, LD, H, DIM = 2, 3, 5, 4, 12, 8
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from late_interaction_kernels import maxsim, maxsim_pairs, maxsim_varlen
-from late_interaction_kernels.ops.maxsim import forward
+from late_interaction_kernels.ops.maxsim import backward, forward
 from late_interaction_kernels.ops.maxsim.forward import maxsim_forward_triton
 from late_interaction_kernels.ops.maxsim.layout import ALL_PAIRS
 from late_interaction_kernels.ops.maxsim.reference import (
@@ -300,3 +300,18 @@ def test_every_layout_without_gradients(rng, device, backend):
             maxsim_varlen(Qp, Dpk, cu_q, cu_d, backend=backend),
             maxsim_varlen_reference(Qp.double(), Dpk.double(), cu_q, cu_d),
         )
+
+
+@pytest.mark.parametrize(("per_split", "max_splits"), [(2, 8), (1, 2)])
+def test_grad_q_splits_documents_over_programs(rng, device, monkeypatch, per_split, max_splits):
+    monkeypatch.setattr(backward, "DOCS_PER_SPLIT", per_split)
+    monkeypatch.setattr(backward, "MAX_DOC_SPLITS", max_splits)
+    Q, D = _inputs(rng, device, (2, 7, 16), (5, 9, 16), dtype=torch.float16)
+    dm = rand_mask((5, 9), generator=rng, device=device)
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, None, dm, normalize=True),
+        lambda q, d: maxsim_reference(q, d, None, dm, normalize=True),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )

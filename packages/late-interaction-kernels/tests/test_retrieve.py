@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from triton_dispatch.testing import assert_close
 
 from late_interaction_kernels.ops.retrieve import MaxSimScorer, retrieve
 from late_interaction_kernels.ops.retrieve.reference import retrieve_reference
+from triton_dispatch.testing import assert_close
 
 
 def _inputs(rng, nq=2, nd=5, lq=3, ld=4, dim=8):

@@ -7,7 +7,7 @@ import torch
 from tomo_kplanes.cli import main
 
 _FAST = ["--steps", "6", "--sirt-iterations", "2", "--rays-per-batch", "64", "--channels", "2",
-         "--no-progress", "--device", "cpu"]
+         "--no-progress", "--device", "cpu", "--backend", "torch", "--tv-points", "64"]
 
 
 def test_reconstruct_phantom_writes_volume_slices_and_metrics(tmp_path, capsys):

@@ -62,6 +62,28 @@ def test_matches_float64_reference(shape, semantics, deterministic, rng):
     assert_state_matches(st, ref, replaced, ref_replaced)
 
 
+@pytest.mark.parametrize("semantics", ["active_only", "decay_all"])
+def test_torch_backend_matches_reference(semantics, rng):
+    batch, num_codes, dim, levels = 19, 7, 6, 2
+    x = randn((levels, batch, dim), generator=rng)
+    codes = _codes_leaving_gaps(batch, num_codes, levels, rng)
+    state = make_state(levels, num_codes, dim, rng=rng, semantics=semantics)
+    candidates = randint(0, batch, (levels, num_codes), generator=rng)
+    st, replaced = _run(
+        x, codes, state, candidates, decay=0.7, semantics=semantics, backend="torch"
+    )
+    ref, ref_replaced = reference_step(
+        x,
+        codes,
+        state,
+        candidates,
+        decay=0.7,
+        semantics=semantics,
+        threshold=DEFAULT_THRESHOLDS[semantics],
+    )
+    assert_state_matches(st, ref, replaced, ref_replaced)
+
+
 @pytest.mark.parametrize("code_dtype", [torch.int32, torch.int64])
 def test_statistics_match_reference_without_one_hot(code_dtype, rng):
     x = randn((53, 9), generator=rng)

@@ -2,9 +2,49 @@
 
 from importlib.metadata import PackageNotFoundError, version
 
+from .geometry import TiltGeometry, project_volume, tilt_range
+from .metrics import psnr, ssim
+from .model import KPlanes, KPlanesTilted
+from .objective import (
+    DensityConstraints,
+    LossWeights,
+    ReconstructionContext,
+    TomographyObject,
+    reconstruction_loss,
+)
+from .ops import tilted_plane_features
+from .phantoms import nanoparticle_phantom, shepp_logan_3d, simulate_tilt_series
+from .rotations import project_to_so3
+from .sirt import sirt
+from .train import ReconstructionConfig, ReconstructionResult, reconstruct, render_volume
+
 try:
     __version__ = version("tomo-kplanes")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "DensityConstraints",
+    "KPlanes",
+    "KPlanesTilted",
+    "LossWeights",
+    "ReconstructionConfig",
+    "ReconstructionContext",
+    "ReconstructionResult",
+    "TiltGeometry",
+    "TomographyObject",
+    "__version__",
+    "nanoparticle_phantom",
+    "project_to_so3",
+    "project_volume",
+    "psnr",
+    "reconstruct",
+    "reconstruction_loss",
+    "render_volume",
+    "shepp_logan_3d",
+    "simulate_tilt_series",
+    "sirt",
+    "ssim",
+    "tilt_range",
+    "tilted_plane_features",
+]

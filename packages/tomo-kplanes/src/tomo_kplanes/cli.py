@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--volume-tv", type=float, default=1e-4, help="volume TV weight")
     rec.add_argument("--sirt-iterations", type=int, default=30)
     rec.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    rec.add_argument("--backend", default=None, help="auto (default), triton, interpret or torch")
+    rec.add_argument("--tv-points", type=int, default=1024, help="volume-TV points per step")
     rec.add_argument("--seed", type=int, default=0)
     rec.add_argument("--output", type=Path, default=Path("tomo-kplanes-output"))
     rec.add_argument("--no-progress", action="store_true")
@@ -71,7 +73,7 @@ def run_reconstruct(args: argparse.Namespace) -> dict:
     shape = (geo.detector_shape[0], geo.detector_shape[0], geo.detector_shape[1])
     config = ReconstructionConfig(
         resolution=size, channels=args.channels, rotations=args.rotations, steps=args.steps,
-        rays_per_batch=args.rays_per_batch, samples_per_ray=size, tv_points=1024,
+        rays_per_batch=args.rays_per_batch, samples_per_ray=size, tv_points=args.tv_points, backend=args.backend,
         weights=LossWeights(volume_tv=args.volume_tv, plane_tv=1e-4), seed=args.seed,
         progress=not args.no_progress, eval_every=max(50, args.steps // 8),
     )

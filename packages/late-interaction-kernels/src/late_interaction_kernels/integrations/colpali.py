@@ -29,6 +29,7 @@ original einsum's, in which padding takes part with similarity 0.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from typing import Any
@@ -134,8 +135,7 @@ def _make_aggregate(original):
             scores_raw = scores_raw.materialize()
         return original(self, scores_raw, use_smooth_max, dim_max, dim_sum)
 
-    _aggregate.__wrapped__ = original
-    return _aggregate
+    return functools.wraps(original)(_aggregate)
 
 
 def _make_score_multi_vector(original, get_torch_device):
@@ -157,8 +157,7 @@ def _make_score_multi_vector(original, get_torch_device):
             rows.append(torch.cat(blocks, dim=1).cpu())
         return torch.cat(rows, dim=0).to(torch.float32)
 
-    score_multi_vector.__wrapped__ = original
-    return score_multi_vector
+    return functools.wraps(original)(score_multi_vector)
 
 
 def has_native_backend() -> bool:

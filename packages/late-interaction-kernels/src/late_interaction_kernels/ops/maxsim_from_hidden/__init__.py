@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
 from triton_dispatch import common_device
 
 from ..maxsim import maxsim

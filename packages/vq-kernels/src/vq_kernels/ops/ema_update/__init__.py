@@ -130,10 +130,6 @@ def _(codebook, cluster_size, embed_sum, steps_since_active, *rest):
     return cluster_size.new_empty(cluster_size.shape, dtype=torch.bool)
 
 
-def _as_levels(name: str, t: torch.Tensor, stacked: bool) -> torch.Tensor:
-    return t if stacked else t.unsqueeze(0)
-
-
 def ema_statistics(
     x: torch.Tensor,
     codes: torch.Tensor,
@@ -147,6 +143,7 @@ def ema_statistics(
     without a ``(B, K)`` one-hot. Non-finite rows and codes outside ``[0, K)`` are ignored."""
     require_tensor("x", x)
     require_tensor("codes", codes)
+    require_float("x", x)
     require_integer("codes", codes)
     stacked = x.dim() == 3
     if x.dim() not in (2, 3) or codes.shape != x.shape[:-1]:
@@ -156,8 +153,8 @@ def ema_statistics(
         )
     chosen = backend_for(common_device([x, codes], names=["x", "codes"]), backend)
     counts, sums = _ema_statistics_op(
-        _as_levels("x", x.detach(), stacked),
-        _as_levels("codes", codes, stacked),
+        x.detach() if stacked else x.detach().unsqueeze(0),
+        codes if stacked else codes.unsqueeze(0),
         int(num_codes),
         bool(deterministic),
         chosen,
