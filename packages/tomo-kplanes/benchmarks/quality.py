@@ -32,7 +32,7 @@ def main() -> None:
     truth = shepp_logan_3d(size, device=device)
     geo = TiltGeometry(tilt_range(60, 2 if not args.quick else 10), (size, size))
     rows = []
-    for noise in (None, 2000.0):
+    for noise in (None, 300.0):
         series = simulate_tilt_series(truth, geo, dose=noise, seed=1)
         _sync(device)
         t0 = time.perf_counter()

@@ -44,7 +44,12 @@ def test_reconstruct_from_files(tmp_path):
 def test_fused_training_step_on_cuda_matches_the_grid_sample_step():
     from tomo_kplanes.geometry import TiltGeometry, tilt_range
     from tomo_kplanes.model import KPlanesTilted
-    from tomo_kplanes.objective import LossWeights, ReconstructionContext, TomographyObject, reconstruction_loss
+    from tomo_kplanes.objective import (
+        LossWeights,
+        ReconstructionContext,
+        TomographyObject,
+        reconstruction_loss,
+    )
 
     grads = []
     for backend in (None, "torch"):

@@ -168,3 +168,32 @@ def test_inductor_compile_on_cuda_matches_reference(rng):
     assert_close(out, ref, tol=1e-5)
     out.sum().backward()
     assert torch.isfinite(planes.grad).all() and torch.isfinite(rot.grad).all()
+
+
+def test_nan_points_give_nan_features_without_touching_other_rows(rng, device):
+    points, rot, planes = (x.detach() for x in _inputs(rng, 20, 2, 3, 4, 5, device=device))
+    points[3, 1] = float("nan")
+    out = tilted_plane_features(points, rot, planes)
+    ref = tilted_plane_features_reference(points, rot, planes)
+    assert torch.isnan(out[3]).all()
+    keep = torch.ones(20, dtype=torch.bool)
+    keep[3] = False
+    assert_close(out[keep], ref[keep])
+
+
+def test_kernels_write_every_element_of_poisoned_buffers(monkeypatch, rng, device):
+    from triton_dispatch.testing import poison_
+
+    real_empty = torch.empty
+
+    def poisoned_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return poison_(t) if t.is_floating_point() else t
+
+    # the launchers allocate their outputs with torch.empty: fill them with NaN first
+    monkeypatch.setattr(torch, "empty", poisoned_empty)
+    inputs = _inputs(rng, 33, 2, 3, 4, 6, device=device)
+    assert_gradients_match(
+        tilted_plane_features, tilted_plane_features_reference, inputs,
+        names=["points", "rotations", "planes"], generator=rng,
+    )

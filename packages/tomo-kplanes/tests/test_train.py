@@ -83,3 +83,18 @@ def test_ddp_on_two_cpu_processes_keeps_replicas_identical(tmp_path):
         torch.testing.assert_close(s0[k], s1[k], rtol=0, atol=0)
     # each rank saw only its shard, so the replicas differ from a one-process run on all rays
     assert any(not torch.equal(s0[k], single[k]) for k in s0)
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_ddp_on_two_gpus_with_nccl(tmp_path):
+    from tomo_kplanes.distributed import launch_local, phantom_worker
+
+    cfg = {**_ddp_config(), "backend": None}
+    launch_local(phantom_worker, 2, str(tmp_path), cfg, 16, "cuda", backend="nccl",
+                 init_file=str(tmp_path / "init"))
+    s0 = torch.load(tmp_path / "rank0.pt")
+    s1 = torch.load(tmp_path / "rank1.pt")
+    for k in s0:
+        torch.testing.assert_close(s0[k], s1[k])

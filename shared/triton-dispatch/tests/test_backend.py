@@ -97,3 +97,16 @@ def test_none_tensors_are_ignored_and_no_tensor_means_cpu(monkeypatch):
 def test_auto_picks_triton_on_cuda(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert select_backend(torch.zeros(2, device="cuda")) == "triton"
+
+
+@pytest.mark.parametrize(("interpret", "expected"), [("1", 3.0), ("0", 2.0)])
+def test_select_backend_traces_under_fullgraph_compile(monkeypatch, interpret, expected):
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    monkeypatch.delenv(BACKEND_ENV_VAR, raising=False)
+
+    def op(x):
+        return x * 3 if uses_triton(select_backend(x)) else x + 1
+
+    torch._dynamo.reset()
+    out = torch.compile(op, fullgraph=True, backend="eager")(torch.ones(2))
+    assert out.tolist() == [expected, expected]

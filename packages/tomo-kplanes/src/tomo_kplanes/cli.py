@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--max-angle", type=float, default=60.0)
     rec.add_argument("--angle-step", type=float, default=3.0)
     rec.add_argument("--dose", type=float, default=None, help="Poisson noise for the phantom")
-    rec.add_argument("--steps", type=int, default=400)
+    rec.add_argument("--steps", type=int, default=1200)
     rec.add_argument("--rotations", type=int, default=2)
     rec.add_argument("--channels", type=int, default=8)
     rec.add_argument("--rays-per-batch", type=int, default=512)

@@ -13,7 +13,7 @@ def run_demo(output_dir: Path) -> DemoResult:
     from .cli import _parser, run_reconstruct
 
     args = _parser().parse_args(
-        ["reconstruct", "--size", "24", "--steps", "200", "--angle-step", "5",
+        ["reconstruct", "--size", "24", "--steps", "600", "--angle-step", "5",
          "--sirt-iterations", "20", "--rays-per-batch", "256", "--no-progress",
          "--device", "cpu", "--output", str(output_dir)]
     )

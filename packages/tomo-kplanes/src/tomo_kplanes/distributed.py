@@ -39,14 +39,17 @@ def launch_local(
     )
 
 
-def phantom_worker(rank: int, world: int, out_dir: str, config_kwargs: dict, size: int = 10) -> None:
+def phantom_worker(
+    rank: int, world: int, out_dir: str, config_kwargs: dict, size: int = 10, device: str = "cpu"
+) -> None:
     """A small phantom reconstruction that saves each rank's final field state (a smoke run for
     checking that replicas stay identical)."""
     from .geometry import TiltGeometry, tilt_range
     from .phantoms import shepp_logan_3d, simulate_tilt_series
     from .train import ReconstructionConfig, reconstruct
 
-    truth = shepp_logan_3d(size)
+    dev = torch.device(f"cuda:{rank}") if device == "cuda" else torch.device(device)
+    truth = shepp_logan_3d(size, device=dev)
     geo = TiltGeometry(tilt_range(60, 20), (size, size))
     series = simulate_tilt_series(truth, geo, n_samples=size)
     result = reconstruct(series, geo, ReconstructionConfig(**config_kwargs))

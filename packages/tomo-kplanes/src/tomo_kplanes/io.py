@@ -124,5 +124,7 @@ def write_slices_png(
         columns.append(np.concatenate(padded, axis=0))
     height = max(c.shape[0] for c in columns)
     grid = np.concatenate([np.pad(c, ((0, height - c.shape[0]), (0, 2))) for c in columns], axis=1)
-    Image.fromarray(grid).save(path)
+    # small volumes: enlarge (nearest neighbour) so slices stay legible
+    zoom = max(1, 256 // max(grid.shape))
+    Image.fromarray(grid).resize((grid.shape[1] * zoom, grid.shape[0] * zoom), Image.NEAREST).save(path)
     return path

@@ -75,8 +75,9 @@ def build_object(config: ReconstructionConfig, device: torch.device | str) -> To
     return TomographyObject(field_model, config.constraints).to(device)
 
 
-def make_optimizer(obj: TomographyObject, config: ReconstructionConfig) -> torch.optim.Adam:
-    groups = obj.field.parameter_groups()
+def make_optimizer(field_model: nn.Module, config: ReconstructionConfig) -> torch.optim.Adam:
+    """Adam with one parameter group per role (planes, decoder, rotations), each its own rate."""
+    groups = field_model.parameter_groups()
     lrs = {"planes": config.lr_planes, "decoder": config.lr_decoder, "rotations": config.lr_rotations}
     return torch.optim.Adam(
         [{"params": groups[k], "lr": lrs[k], "name": k} for k in ("planes", "decoder", "rotations") if groups[k]]
@@ -141,7 +142,7 @@ def reconstruct(
     if distributed:
         obj.field = nn.parallel.DistributedDataParallel(obj.field)
     inner = obj.field.module if distributed else obj.field
-    optimizer = make_optimizer(_Unwrapped(obj, inner), config)
+    optimizer = make_optimizer(inner, config)
     scheduler = cosine_schedule(optimizer, config.steps, config.warmup_steps)
 
     train_rays, held_rays = _split_rays(geometry.num_rays, config, device)
@@ -212,13 +213,6 @@ def reconstruct(
     if distributed:
         obj.field = inner
     return ReconstructionResult(obj, losses, held_losses, step + 1, stopped)
-
-
-class _Unwrapped:
-    """The object model seen through its unwrapped field (for parameter groups under DDP)."""
-
-    def __init__(self, obj, inner):
-        self.field = inner
 
 
 def _loss(obj, inner, points, steps, target, config, ctx):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Iterable
-from functools import lru_cache
 from typing import Literal, get_args
 
 import torch
@@ -44,10 +43,14 @@ def interpreter_enabled() -> bool:
     )
 
 
-@lru_cache(maxsize=1)
+# Looked up once at import: torch.compile cannot trace importlib, and select_backend must stay
+# traceable so ops that dispatch through it run under torch.compile(fullgraph=True).
+_TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+
 def triton_available() -> bool:
     """Whether the ``triton`` package can be imported (it ships with torch on Linux only)."""
-    return importlib.util.find_spec("triton") is not None
+    return _TRITON_INSTALLED
 
 
 def _normalise_request(backend: str | None, *, name: str = "backend") -> str:

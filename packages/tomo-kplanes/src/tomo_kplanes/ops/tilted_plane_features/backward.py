@@ -23,7 +23,7 @@ from .sampling import sample_plane_with_slopes, scatter_plane_grad
     reset_to_zero=["grad_rot_ptr", "grad_planes_ptr"],
     interpret_config=triton.Config({"BLOCK_N": 16}, num_warps=1, num_stages=1),
 )
-@triton.jit
+@triton.jit(do_not_specialize=["H", "W"])
 def _backward_kernel(
     grad_out_ptr, points_ptr, rot_ptr, planes_ptr,
     grad_points_ptr, grad_rot_ptr, grad_planes_ptr,

@@ -16,7 +16,7 @@ from .sampling import sample_plane
     key=["BLOCK_C", "T_BUCKET"],
     interpret_config=triton.Config({"BLOCK_N": 16}, num_warps=1, num_stages=1),
 )
-@triton.jit
+@triton.jit(do_not_specialize=["H", "W"])
 def _forward_kernel(
     points_ptr, rot_ptr, planes_ptr, out_ptr,
     N, C, H, W,

@@ -16,12 +16,14 @@ import triton.language as tl
 def texel_coordinate(coord, size):
     """Clamped texel coordinate, its lower/upper neighbour indices, the fraction between them, and
     the derivative of the texel coordinate w.r.t. ``coord`` (0 where the clamp is active)."""
-    top = (size - 1).to(coord.dtype)
+    # `size - 1` times 1.0 rather than .to(): stays valid if Triton ever passes `size` as a constant
+    top = (size - 1) * 1.0
     x = (coord + 1.0) * 0.5 * top
     slope = tl.where((x > 0.0) & (x < top), 0.5 * top, 0.0)
     x = tl.minimum(tl.maximum(x, 0.0), top)
-    # x >= 0 here, so truncation is floor
-    i0 = tl.minimum(x.to(tl.int32), size - 1)
+    # x >= 0 here, so truncation is floor; the outer clamp keeps a NaN coordinate's index in
+    # bounds (its sample is NaN through `frac`, as with grid_sample, but never a wild read)
+    i0 = tl.maximum(tl.minimum(x.to(tl.int32), size - 1), 0)
     i1 = tl.minimum(i0 + 1, size - 1)
     frac = x - i0.to(x.dtype)
     return i0, i1, frac, slope
