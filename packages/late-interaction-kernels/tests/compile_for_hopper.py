@@ -23,8 +23,16 @@ def jit_fn(kernel):
 
 
 def compile_one(kernel, signature, constexprs) -> None:
+    fn = jit_fn(kernel)
     signature = dict(signature, **{name: "constexpr" for name in constexprs})
-    triton.compile(ASTSource(jit_fn(kernel), signature, constexprs), target=TARGET)
+    # the launcher specialises pointers and integers divisible by 16 (aligned buffers, d=128,
+    # lq=32, ...); several layout passes only take the paths that fail with those hints present
+    attrs = {
+        (fn.arg_names.index(name),): [["tt.divisibility", 16]]
+        for name, ty in signature.items()
+        if ty != "constexpr"
+    }
+    triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET)
 
 
 def main() -> int:
@@ -46,10 +54,21 @@ def main() -> int:
             cx = dict(
                 LAYOUT=layout, HAS_QM=layout != 3, HAS_DM=layout != 3, SAVE_ARGMAX=not norm,
                 UPCAST=False, NORMALIZE=norm, NORM_EPS=1e-12, IEEE=dtype == "fp32",
-                DYNAMIC_BOUNDS=True, BLOCK_K=64, BLOCK_Q=blocks[0], BLOCK_D=blocks[1],
+                DYNAMIC_BOUNDS=True, EVEN_K=dtype == "bf16", BLOCK_K=64, BLOCK_Q=blocks[0], BLOCK_D=blocks[1],
             )  # fmt: skip
             sig = dict(fwd, Q="*" + dtype, D="*" + dtype)
             check(f"forward layout={layout} {dtype}", forward.maxsim_fwd_kernel, sig, cx)
+    group = {
+        "Q": "*bf16", "D": "*bf16", "QM": "*u8", "DM": "*u8", "PARTIAL": "*fp32", "ARGMAX": "*i32",
+        "n_query": "i32", "n_doc": "i32", "lq": "i32", "ld": "i32", "dim": "i32",
+    }  # fmt: skip
+    for qgroup, blocks, norm, even in ((32, (128, 64), False, True), (16, (64, 128), True, False)):
+        cx = dict(
+            QGROUP=qgroup, HAS_QM=True, HAS_DM=True, SAVE_ARGMAX=not norm, UPCAST=False,
+            NORMALIZE=norm, NORM_EPS=1e-12, IEEE=False, EVEN_K=even, BLOCK_K=128,
+            BLOCK_Q=blocks[0], BLOCK_D=blocks[1],
+        )  # fmt: skip
+        check(f"forward query groups {qgroup}", forward.maxsim_fwd_query_group_kernel, group, cx)
     for layout in (0, 3):
         cx = dict(LAYOUT=layout, NORMALIZE=layout == 3, BLOCK_K=128, BLOCK_Q=32)
         common = {"G": "*fp32", "ARGMAX": "*i32", "CUQ": "*i32", "n_doc": "i32", "lq": "i32",

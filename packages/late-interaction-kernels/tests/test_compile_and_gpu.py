@@ -121,3 +121,35 @@ def test_cuda_graph_capture(rng, method):
     maxsim_reference(Qr, Dr).sum().backward()
     assert_close(gq, Qr.grad, dtype=torch.bfloat16)
     assert_close(gd, Dr.grad, dtype=torch.bfloat16)
+
+
+_AUTOTUNED_CHECK = """
+import torch
+from late_interaction_kernels import maxsim
+from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
+from triton_dispatch.testing import assert_gradients_match, generator, randn
+rng = generator(0)
+for method in ("unified", "lowmem"):
+    for lq, d_shape in ((32, (4, 3, 300, 128)), (130, (6, 257, 128))):
+        Q = randn((4, lq, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        D = randn(d_shape, generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        assert_gradients_match(
+            lambda q, d: maxsim(q, d, backward=method), maxsim_reference, [Q, D], generator=rng
+        )
+print("autotuned kernels agree")
+"""
+
+
+@gpu
+def test_autotuned_kernels_on_gpu():
+    """The rest of the suite runs one config per kernel (see conftest.py); here every config space
+    is searched, in a fresh process, and the tuned kernels must still match the reference."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, LATE_INTERACTION_KERNELS_AUTOTUNE="1")
+    proc = subprocess.run(
+        [sys.executable, "-c", _AUTOTUNED_CHECK], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -154,9 +154,9 @@ def test_disable_variable(value, monkeypatch):
     assert patch_colpali_engine() is False and patch_pylate() is False
 
 
-def test_routing_rule(rng, monkeypatch):
-    x = torch.randn(2, 3, generator=rng)
-    assert _patching.routes_to_kernels(x, x)  # CPU under the interpreter
+def test_routing_rule(rng, device, monkeypatch):
+    x = torch.randn(2, 3, generator=rng).to(device)
+    assert _patching.routes_to_kernels(x, x)  # CUDA, or CPU under the interpreter
     assert not _patching.routes_to_kernels([x], x)
     assert not _patching.routes_to_kernels(x.double(), x.double())
     monkeypatch.setenv("TRITON_DISPATCH_BACKEND", "torch")

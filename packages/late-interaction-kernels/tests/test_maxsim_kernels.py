@@ -42,6 +42,36 @@ def test_all_pairs(rng, device, method, masked):
     )
 
 
+@pytest.mark.parametrize(
+    ("lq", "dim", "masked", "normalize"),
+    # lq 12 packs four queries per block (the fifth query fills a block alone), lq 40 one
+    [(12, 32, True, False), (12, 48, False, True), (40, 32, True, False)],
+)
+def test_all_pairs_query_groups(rng, device, lq, dim, masked, normalize):
+    nq = forward.MIN_GROUP_QUERIES + 1
+    assert lq <= forward.MAX_GROUP_QUERY_LEN  # the query-group kernel runs
+    Q, D = _inputs(rng, device, (nq, lq, dim), (3, 19, dim))
+    qm = rand_mask((nq, lq), generator=rng, device=device) if masked else None
+    dm = rand_mask((3, 19), generator=rng, device=device) if masked else None
+    if masked:
+        dm[1] = False  # a fully masked document scores 0, no gradient
+    for method in METHODS:
+        Q.grad = D.grad = None
+        assert_gradients_match(
+            lambda q, d, m=method: maxsim(q, d, qm, dm, normalize=normalize, backward=m),
+            lambda q, d: maxsim_reference(q, d, qm, dm, normalize=normalize),
+            [Q, D],
+            generator=rng,
+            names=["Q", "D"],
+        )
+    with torch.no_grad():
+        assert_close(
+            maxsim(Q, D, qm, dm, normalize=normalize),
+            maxsim_reference(Q.double(), D.double(), qm, dm, normalize=normalize),
+            dtype=torch.float32,
+        )
+
+
 @pytest.mark.parametrize("method", [*METHODS, "auto"])
 @pytest.mark.parametrize("masked", [False, True])
 def test_grouped_4d(rng, device, method, masked):

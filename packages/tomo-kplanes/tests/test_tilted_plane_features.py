@@ -129,12 +129,13 @@ def test_bad_dtypes_raise():
         tilted_plane_features(
             torch.zeros(2, 3, dtype=torch.int64), torch.zeros(1, 3, 3), torch.zeros(3, 1, 2, 2)
         )
-    with pytest.raises(TypeError, match="float32 or float64"):
-        bf = torch.bfloat16
-        tilted_plane_features(
-            torch.zeros(2, 3, dtype=bf), torch.zeros(1, 3, 3, dtype=bf), torch.zeros(3, 1, 2, 2, dtype=bf),
-            backend="interpret" if interpreter_enabled() else None,
-        )
+    for dtype in (torch.bfloat16, torch.float16):
+        for backend in (None, "torch"):  # refused the same way whichever backend would run
+            with pytest.raises(TypeError, match="float32 or float64"):
+                tilted_plane_features(
+                    torch.zeros(2, 3, dtype=dtype), torch.zeros(1, 3, 3, dtype=dtype),
+                    torch.zeros(3, 1, 2, 2, dtype=dtype), backend=backend,
+                )
 
 
 def test_custom_op_registrations_pass_opcheck(rng, device):
@@ -170,15 +171,42 @@ def test_inductor_compile_on_cuda_matches_reference(rng):
     assert torch.isfinite(planes.grad).all() and torch.isfinite(rot.grad).all()
 
 
-def test_nan_points_give_nan_features_without_touching_other_rows(rng, device):
+def _nan_case(rng, device, *, bad_point: bool):
     points, rot, planes = (x.detach() for x in _inputs(rng, 20, 2, 3, 4, 5, device=device))
-    points[3, 1] = float("nan")
-    out = tilted_plane_features(points, rot, planes)
-    ref = tilted_plane_features_reference(points, rot, planes)
-    assert torch.isnan(out[3]).all()
-    keep = torch.ones(20, dtype=torch.bool)
-    keep[3] = False
-    assert_close(out[keep], ref[keep])
+    if bad_point:
+        points[3, 1] = float("nan")
+        points[7, 2] = float("inf")
+    else:
+        rot[1, 2, 0] = float("nan")
+    return [x.requires_grad_() for x in (points, rot, planes)]
+
+
+@pytest.mark.parametrize("bad_point", [True, False], ids=["bad-points", "bad-rotation"])
+def test_non_finite_coordinates_give_nan_features_and_no_gradient(rng, device, bad_point):
+    inputs = _nan_case(rng, device, bad_point=bad_point)
+    ref_inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    out = tilted_plane_features(*inputs)
+    ref = tilted_plane_features_reference(*ref_inputs)
+    bad = torch.zeros_like(out, dtype=torch.bool)
+    if bad_point:
+        bad[[3, 7]] = True  # every rotation mixes the bad coordinate into all three of q's
+    else:
+        bad[:, 3:] = True  # rotation 1's columns
+    assert torch.equal(torch.isnan(out), bad)
+    assert torch.equal(torch.isnan(ref), bad)
+    assert_close(out[~bad], ref[~bad])
+    # an upstream gradient that is NaN on the bad entries must not leak into any gradient
+    up = torch.randn(out.shape, generator=rng, dtype=out.dtype).to(device)
+    up = torch.where(bad, torch.full_like(up, float("nan")), up)
+    grads = torch.autograd.grad(out, inputs, up)
+    ref_grads = torch.autograd.grad(ref, ref_inputs, up)
+    for name, g, r in zip(("points", "rotations", "planes"), grads, ref_grads):
+        assert torch.isfinite(g).all(), name
+        assert_close(g, r, name=f"grad_{name}")
+    if bad_point:
+        assert torch.equal(grads[0][[3, 7]], torch.zeros(2, 3, dtype=out.dtype, device=device))
+    else:
+        assert torch.equal(grads[1][1], torch.zeros(3, 3, dtype=out.dtype, device=device))
 
 
 def test_kernels_write_every_element_of_poisoned_buffers(monkeypatch, rng, device):
@@ -197,3 +225,35 @@ def test_kernels_write_every_element_of_poisoned_buffers(monkeypatch, rng, devic
         tilted_plane_features, tilted_plane_features_reference, inputs,
         names=["points", "rotations", "planes"], generator=rng,
     )
+
+
+@pytest.mark.parametrize("runs", [True, False], ids=["run-reduced", "plain-atomics"])
+def test_ray_ordered_points_with_repeated_cells(monkeypatch, rng, device, runs):
+    # samples along rays (many consecutive points in one cell of some plane), exact repeats, a NaN
+    # point inside a run, and runs that cross the kernel's block boundaries
+    from tomo_kplanes.ops.tilted_plane_features import backward
+
+    monkeypatch.setattr(backward, "PRE_REDUCE_RUNS", runs)
+    starts = torch.rand(3, 3, generator=rng, dtype=torch.float64) * 2 - 1
+    starts[:, 2] = -1.1
+    along = torch.linspace(0, 2.2, 15, dtype=torch.float64)
+    rays = (starts[:, None, :] + along[None, :, None] * torch.tensor([0.0, 0.02, 1.0])).reshape(-1, 3)
+    repeats = torch.rand(1, 3, generator=rng, dtype=torch.float64).expand(6, 3)
+    points = torch.cat([rays, repeats]).to(device)
+    points[20, 0] = float("nan")
+    rot = (torch.eye(3, dtype=torch.float64) + 0.01 * torch.randn(2, 3, 3, generator=rng, dtype=torch.float64))
+    planes = torch.randn(6, 3, 4, 5, generator=rng, dtype=torch.float64)
+    inputs = [x.to(device).requires_grad_() for x in (points, rot, planes)]
+    ref_inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    out = tilted_plane_features(*inputs)
+    ref = tilted_plane_features_reference(*ref_inputs)
+    assert torch.equal(torch.isnan(out), torch.isnan(ref))
+    ok = ~torch.isnan(ref)
+    assert_close(out[ok], ref[ok])
+    up = torch.randn(out.shape, generator=rng, dtype=torch.float64).to(device)
+    for name, g, r in zip(
+        ("points", "rotations", "planes"),
+        torch.autograd.grad(out, inputs, up),
+        torch.autograd.grad(ref, ref_inputs, up),
+    ):
+        assert_close(g, r, name=f"grad_{name}")

@@ -62,6 +62,37 @@ def test_matches_float64_reference(shape, semantics, deterministic, rng):
     assert_state_matches(st, ref, replaced, ref_replaced)
 
 
+@pytest.mark.parametrize("threshold", [DEFAULT_THRESHOLDS["active_only"], None])
+@pytest.mark.parametrize("shape", [(37, 13, 20, 1), (24, 6, 33, 2), (5, 3, 1100, 1)])
+def test_single_launch_update_matches_reference(shape, threshold, rng, device):
+    """The fused statistics + epilogue kernel (what ema_update_ runs on CUDA for active-only
+    updates). Under the interpreter its programs run one after another, so one program does all
+    the work there; on a GPU the grid is the launcher's own."""
+    from vq_kernels.ops.ema_update.kernels import fused_update
+
+    batch, num_codes, dim, levels = shape
+    x = randn((levels, batch, dim), generator=rng)
+    x[0, 3, 2] = float("nan")  # a skipped row
+    codes = _codes_leaving_gaps(batch, num_codes, levels, rng)
+    state = make_state(levels, num_codes, dim, rng=rng)
+    candidates = randint(0, batch, (levels, num_codes), generator=rng)
+    st = [t.clone().to(device) for t in state]
+    replaced = fused_update(
+        x.to(device),
+        codes.to(device),
+        *st,
+        candidates.to(device),
+        decay=0.9,
+        eps=1e-5,
+        threshold=threshold,
+        programs=1 if device == "cpu" else None,
+    )
+    ref, ref_replaced = reference_step(
+        x, codes, state, candidates, decay=0.9, semantics="active_only", threshold=threshold
+    )
+    assert_state_matches([t.cpu() for t in st], ref, replaced.cpu(), ref_replaced)
+
+
 @pytest.mark.parametrize("semantics", ["active_only", "decay_all"])
 def test_torch_backend_matches_reference(semantics, rng):
     batch, num_codes, dim, levels = 19, 7, 6, 2

@@ -43,35 +43,39 @@ def test_well_separated_inputs_match_exactly(metric, rng):
     assert torch.equal(codes, quantize_reference(x.double(), codebook.double(), metric))
 
 
-def test_ties_go_to_the_lowest_index_across_tiles(rng):
+def _norms(codebook):
+    return torch.linalg.vector_norm(codebook, dim=-1, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+def test_ties_go_to_the_lowest_index_across_tiles(metric, rng, device):
     """Duplicate codes inside one tile and across tiles (interpreter tiles are 16 wide) and
     across K splits: the lowest index wins, like torch.argmin."""
     from vq_kernels.ops.quantize.kernels import nearest_code
-    from vq_kernels.ops.quantize.reference import code_scores
 
     codebook = randn((300, 8), generator=rng)
     codebook[[5, 9, 40, 200]] = codebook[3].clone()
     codebook[[150, 290]] = codebook[140].clone()
-    x = torch.cat([codebook[[3, 140]], codebook[[3]] + 1e-3])
-    codes, _ = quantize(x, codebook)
+    x = torch.cat([codebook[[3, 140]], codebook[[3]] + 1e-3]).to(device)
+    codebook = codebook.to(device)
+    codes, _ = quantize(x, codebook, metric=metric)
     assert codes.tolist() == [3, 140, 3]
-    term = code_scores(codebook, "l2", torch.float32)
     for splits in (1, 3):
-        assert nearest_code(x, codebook, term, "l2", splits=splits).tolist() == [3, 140, 3]
+        got = nearest_code(x, codebook, _norms(codebook), metric, splits=splits)
+        assert got.dtype == torch.int64 and got.tolist() == [3, 140, 3]
     d = distances_reference(x.double(), codebook.double(), "l2")
     assert torch.argmin(d[:2], 1).tolist() == [3, 140]
 
 
-def test_k_splits_agree_with_one_split(rng):
+def test_k_splits_agree_with_one_split(rng, device):
     from vq_kernels.ops.quantize.kernels import nearest_code
-    from vq_kernels.ops.quantize.reference import code_scores
 
-    x = randn((21, 12), generator=rng)
-    codebook = randn((300, 12), generator=rng)
-    term = code_scores(codebook, "l2", torch.float32)
-    one = nearest_code(x, codebook, term, "l2", splits=1)
-    three = nearest_code(x, codebook, term, "l2", splits=3)
+    x = randn((21, 12), generator=rng, device=device)
+    codebook = randn((300, 12), generator=rng, device=device)
+    one = nearest_code(x, codebook, _norms(codebook), "l2", splits=1)
+    three = nearest_code(x, codebook, _norms(codebook), "l2", splits=3)
     assert torch.equal(one, three)
+    _assert_nearest(one.cpu(), x.cpu(), codebook.cpu(), "l2", 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -105,7 +105,7 @@ class KPlanesTilted(nn.Module):
         """``(T, 3, 3)`` rotation matrices (identity when rotations are not learned)."""
         if not self.learn_rotations:
             return self.rotation_params
-        return project_to_so3(self.rotation_params)
+        return project_to_so3(self.rotation_params, backend=self.backend)
 
     def features(self, points: torch.Tensor) -> torch.Tensor:
         """``(N, S·T·C)`` concatenated plane features."""

@@ -76,11 +76,15 @@ def build_object(config: ReconstructionConfig, device: torch.device | str) -> To
 
 
 def make_optimizer(field_model: nn.Module, config: ReconstructionConfig) -> torch.optim.Adam:
-    """Adam with one parameter group per role (planes, decoder, rotations), each its own rate."""
+    """Adam with one parameter group per role (planes, decoder, rotations), each its own rate; the
+    fused (one kernel per step) implementation when every parameter is on CUDA."""
     groups = field_model.parameter_groups()
     lrs = {"planes": config.lr_planes, "decoder": config.lr_decoder, "rotations": config.lr_rotations}
+    params = [p for k in groups for p in groups[k]]
+    fused = bool(params) and all(p.is_cuda for p in params)
     return torch.optim.Adam(
-        [{"params": groups[k], "lr": lrs[k], "name": k} for k in ("planes", "decoder", "rotations") if groups[k]]
+        [{"params": groups[k], "lr": lrs[k], "name": k} for k in ("planes", "decoder", "rotations") if groups[k]],
+        fused=fused,
     )
 
 

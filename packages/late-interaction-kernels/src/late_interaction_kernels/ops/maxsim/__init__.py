@@ -7,7 +7,7 @@ import torch
 from triton_dispatch import common_device, select_backend, uses_triton
 
 from .layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN
-from .op import maxsim_forward_op
+from .op import maxsim_forward
 from .reference import compute_dtype
 
 BACKWARD_METHODS = ("auto", "unified", "lowmem")
@@ -164,7 +164,7 @@ def maxsim(
     if nq == 0 or n_doc == 0 or lq == 0 or ld == 0:
         return _zeros(out_shape, Q, D)
     dm = None if d_mask is None else d_mask.reshape(-1, ld)
-    scores, _ = maxsim_forward_op(
+    scores, _ = maxsim_forward(
         Q.reshape(nq * lq, d).contiguous(),
         D.reshape(-1, d).contiguous(),
         q_mask, dm, None, None,
@@ -202,7 +202,7 @@ def maxsim_pairs(
     _no_grad_through_empty_docs(ld, Q, D)
     if b == 0 or lq == 0 or ld == 0:
         return _zeros((b,), Q, D)
-    scores, _ = maxsim_forward_op(
+    scores, _ = maxsim_forward(
         Q.reshape(b * lq, d).contiguous(),
         D.reshape(b * ld, d).contiguous(),
         q_mask, d_mask, None, None,
@@ -280,7 +280,7 @@ def maxsim_varlen(
     if b == 0 or max_seqlen_q == 0:
         return _zeros((b,), Q_packed, D_packed)
     ld = int(max_seqlen_d) if max_seqlen_d is not None else 0
-    scores, _ = maxsim_forward_op(
+    scores, _ = maxsim_forward(
         Q_packed.contiguous(),
         D_packed.contiguous(),
         None, None, cu_seqlens_q.contiguous(), cu_seqlens_d.contiguous(),

@@ -24,12 +24,22 @@ from triton_dispatch import autotune, config_space, padded_dim, shape_bucket
 
 from .buffers import output_buffer
 from .layout import num_pairs
-from .tuning import tuning_bench
+from .tuning import tuning_bench, tuning_space
 
-_GQ_CONFIGS = config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1])
-_GD_CONFIGS = config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1])
-_LOWMEM_CONFIGS = config_space({"BLOCK_R": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1])
-_ROWS_CONFIGS = config_space({"BLOCK_R": [16, 32, 64]}, num_warps=[4], num_stages=[1])
+_DEFAULT_Q = triton.Config({"BLOCK_Q": 32}, num_warps=4, num_stages=1)
+_DEFAULT_R = triton.Config({"BLOCK_R": 32}, num_warps=4, num_stages=1)
+_GQ_CONFIGS = tuning_space(
+    config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1]), _DEFAULT_Q
+)
+_GD_CONFIGS = tuning_space(
+    config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1]), _DEFAULT_Q
+)
+_LOWMEM_CONFIGS = tuning_space(
+    config_space({"BLOCK_R": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1]), _DEFAULT_R
+)
+#: Rows per program of the in-place normalize backward. Not autotuned: autotune trials would run
+#: the in-place update many times on the same buffer (a memory-bound pass; one size is as good).
+NORMALIZE_BLOCK_R = 16
 _INTERPRET_Q = triton.Config({"BLOCK_Q": 16}, num_warps=4, num_stages=1)
 _INTERPRET_R = triton.Config({"BLOCK_R": 16}, num_warps=4, num_stages=1)
 
@@ -39,7 +49,6 @@ def _inv_norm(x):
     return 1.0 / tl.maximum(tl.sqrt(tl.sum(x * x, 1)), 1e-12)
 
 
-@autotune(_ROWS_CONFIGS, key=["BLOCK_K"], interpret_config=_INTERPRET_R, do_bench=tuning_bench)
 @triton.jit
 def normalize_backward_kernel(G, X, OUT, n_rows, dim, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
     """``OUT = r·(G − (G·x̂)·x̂)`` per row, with ``r = 1/max(‖x‖, eps)`` and ``x̂ = r·x``: the
@@ -209,13 +218,15 @@ def maxsim_grad_d_owner_kernel(
     acc = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
     for i in range(0, tl.max(count, 0)):
         has = i < count
-        slot = tl.load(ORDER + start + i, mask=has, other=0)
+        # Rows past their count read ORDER[0], a valid slot, and are dropped by the `where` below.
+        # Unmasked loads on purpose: a 1-D mask shared with the 2-D tile below makes Triton 3.6's
+        # layout pass on sm_90 emit a load whose mask and pointer layouts differ (compile error).
+        slot = tl.load(ORDER + tl.where(has, start + i, 0))
         pair = slot // lq
         t = slot % lq
         q_row = _query_start(LAYOUT, CUQ, pair, n_doc, lq) + t
-        # slots past a row's count read slot 0, a valid address: no mask needed on these loads
         g = tl.load(G + pair)
-        q = tl.load(Q + q_row[:, None] * dim + k[None, :], mask=has[:, None] & k_ok[None, :], other=0.0)
+        q = tl.load(Q + q_row[:, None] * dim + k[None, :], mask=k_ok[None, :], other=0.0)
         q = q.to(tl.float32)
         if NORMALIZE:
             q = q * _inv_norm(q)[:, None]
@@ -240,8 +251,10 @@ def _through_normalize(grad_hat: torch.Tensor, x: torch.Tensor) -> None:
     n_rows, dim = x.shape
     if n_rows == 0:
         return
-    grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]),)
-    normalize_backward_kernel[grid](grad_hat, x, grad_hat, n_rows, dim, BLOCK_K=padded_dim(dim))
+    grid = (triton.cdiv(n_rows, NORMALIZE_BLOCK_R),)
+    normalize_backward_kernel[grid](
+        grad_hat, x, grad_hat, n_rows, dim, BLOCK_K=padded_dim(dim), BLOCK_R=NORMALIZE_BLOCK_R
+    )
 
 
 #: The gathered grad_Q splits a query's documents over programs once it has more than this many

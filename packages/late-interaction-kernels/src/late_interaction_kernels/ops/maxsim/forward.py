@@ -25,7 +25,7 @@ from triton_dispatch.autotune import prune_by_shared_memory
 
 from .buffers import output_buffer
 from .layout import ALL_PAIRS, GROUPED, VARLEN, num_pairs
-from .tuning import tuning_bench
+from .tuning import tuning_bench, tuning_space
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
 NORM_EPS = 1e-12
@@ -60,11 +60,14 @@ def _prune_fwd(configs, named_args, **kwargs):
     )
 
 
-_FWD_CONFIGS = config_space(
-    {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [64, 128]},
-    num_warps=[4, 8],
-    num_stages=[2, 3],
-    where=lambda kw, w, s: not (kw["BLOCK_Q"] * kw["BLOCK_D"] >= 128 * 128 and w < 8),
+_FWD_CONFIGS = tuning_space(
+    config_space(
+        {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [64, 128]},
+        num_warps=[4, 8],
+        num_stages=[2, 3],
+        where=lambda kw, w, s: not (kw["BLOCK_Q"] * kw["BLOCK_D"] >= 128 * 128 and w < 8),
+    ),
+    triton.Config({"BLOCK_Q": 32, "BLOCK_D": 64}, num_warps=4, num_stages=3),
 )
 _FWD_INTERPRET = triton.Config({"BLOCK_Q": 16, "BLOCK_D": 16}, num_warps=4, num_stages=1)
 
@@ -73,6 +76,47 @@ _FWD_INTERPRET = triton.Config({"BLOCK_Q": 16, "BLOCK_D": 16}, num_warps=4, num_
 def _max_nan(a, b):
     # NaN wins, so a NaN similarity reaches the score instead of being skipped by the max
     return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
+def _best_over_document(
+    q, q_scale, D, DM, doc, d_start, d_len, d_stop, ld, dim, k, k_ok,
+    HAS_DM: tl.constexpr, SAVE_ARGMAX: tl.constexpr, UPCAST: tl.constexpr,
+    NORMALIZE: tl.constexpr, NORM_EPS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Each query row's best similarity over one document's tokens (``-inf`` when no token is
+    valid) and, with ``SAVE_ARGMAX``, the first column reaching it."""
+    best = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
+    best_idx = tl.zeros((BLOCK_Q,), dtype=tl.int32)
+    for j0 in range(0, d_stop, BLOCK_D):
+        cols = j0 + tl.arange(0, BLOCK_D)
+        col_ok = cols < d_len
+        if EVEN_K:
+            x_ok = col_ok[None, :]
+        else:
+            x_ok = col_ok[None, :] & k_ok[:, None]
+        x = tl.load(D + (d_start + cols)[None, :] * dim + k[:, None], mask=x_ok, other=0.0)
+        if UPCAST:
+            x = x.to(tl.float32)
+        if HAS_DM:
+            col_ok = col_ok & (tl.load(DM + doc.to(tl.int64) * ld + cols, mask=col_ok, other=0) != 0)
+        if IEEE:
+            s = tl.dot(q, x, input_precision="ieee")
+        else:
+            s = tl.dot(q, x)
+        if NORMALIZE:
+            # cosine from the raw dot product: no normalised copy of Q or D is ever written
+            x32 = x.to(tl.float32)
+            x_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(x32 * x32, 0)), NORM_EPS)
+            s = s * q_scale[:, None] * x_scale[None, :]
+        s = tl.where(col_ok[None, :], s, float("-inf"))
+        tile_best = tl.reduce(s, 1, _max_nan)
+        if SAVE_ARGMAX:
+            first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
+            best_idx = tl.where(tile_best > best, first, best_idx)
+        best = _max_nan(best, tile_best)
+    return best, best_idx
 
 
 @autotune(
@@ -109,6 +153,7 @@ def maxsim_fwd_kernel(
     NORM_EPS: tl.constexpr,
     IEEE: tl.constexpr,
     DYNAMIC_BOUNDS: tl.constexpr,
+    EVEN_K: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -151,45 +196,23 @@ def maxsim_fwd_kernel(
     for t0 in range(0, t_stop, BLOCK_Q):
         rows = t_begin + t0 + tl.arange(0, BLOCK_Q)
         row_ok = rows < t_end
-        q = tl.load(
-            Q + (q_start + rows)[:, None] * dim + k[None, :],
-            mask=row_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        )
+        # EVEN_K (d a power of two): no mask along the contiguous axis, so loads stay vectorised
+        if EVEN_K:
+            q_ok = row_ok[:, None]
+        else:
+            q_ok = row_ok[:, None] & k_ok[None, :]
+        q = tl.load(Q + (q_start + rows)[:, None] * dim + k[None, :], mask=q_ok, other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
         if NORMALIZE:
             q32 = q.to(tl.float32)
             q_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(q32 * q32, 1)), NORM_EPS)
-        best = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
-        best_idx = tl.zeros((BLOCK_Q,), dtype=tl.int32)
-        for j0 in range(0, d_stop, BLOCK_D):
-            cols = j0 + tl.arange(0, BLOCK_D)
-            col_ok = cols < d_len
-            x = tl.load(
-                D + (d_start + cols)[None, :] * dim + k[:, None],
-                mask=col_ok[None, :] & k_ok[:, None],
-                other=0.0,
-            )
-            if UPCAST:
-                x = x.to(tl.float32)
-            if HAS_DM:
-                col_ok = col_ok & (tl.load(DM + doc.to(tl.int64) * ld + cols, mask=col_ok, other=0) != 0)
-            if IEEE:
-                s = tl.dot(q, x, input_precision="ieee")
-            else:
-                s = tl.dot(q, x)
-            if NORMALIZE:
-                # cosine from the raw dot product: no normalised copy of Q or D is ever written
-                x32 = x.to(tl.float32)
-                x_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(x32 * x32, 0)), NORM_EPS)
-                s = s * q_scale[:, None] * x_scale[None, :]
-            s = tl.where(col_ok[None, :], s, float("-inf"))
-            tile_best = tl.reduce(s, 1, _max_nan)
-            if SAVE_ARGMAX:
-                first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
-                best_idx = tl.where(tile_best > best, first, best_idx)
-            best = _max_nan(best, tile_best)
+        else:
+            q_scale = tl.zeros((BLOCK_Q,), dtype=tl.float32)  # unused
+        best, best_idx = _best_over_document(
+            q, q_scale, D, DM, doc, d_start, d_len, d_stop, ld, dim, k, k_ok,
+            HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, BLOCK_Q, BLOCK_D,
+        )  # fmt: skip
         keep = row_ok & (best != float("-inf"))
         if HAS_QM:
             keep = keep & (tl.load(QM + qi.to(tl.int64) * lq + rows, mask=row_ok, other=0) != 0)
@@ -198,6 +221,108 @@ def maxsim_fwd_kernel(
             winner = tl.where(keep, (d_start + best_idx).to(tl.int32), -1)
             tl.store(ARGMAX + pair.to(tl.int64) * lq + rows, winner, mask=row_ok)
     tl.store(PARTIAL + pair.to(tl.int64) * n_chunks + chunk, tl.sum(total, 0))
+
+
+def _prune_group(configs, named_args, **kwargs):
+    # a block holds whole (padded) queries
+    group = {**named_args, **kwargs}["QGROUP"]
+    kept = [c for c in configs if c.kwargs["BLOCK_Q"] >= group]
+    return prune_by_shared_memory(_fwd_smem, device_arg="Q")(kept, named_args, **kwargs)
+
+
+_GROUP_CONFIGS = tuning_space(
+    config_space(
+        {"BLOCK_Q": [64, 128], "BLOCK_D": [64, 128]},
+        num_warps=[4, 8],
+        num_stages=[3, 4],
+        where=lambda kw, w, s: not (kw["BLOCK_Q"] * kw["BLOCK_D"] >= 128 * 128 and w < 8),
+    ),
+    triton.Config({"BLOCK_Q": 64, "BLOCK_D": 64}, num_warps=4, num_stages=3),
+)
+_GROUP_INTERPRET = triton.Config({"BLOCK_Q": 64, "BLOCK_D": 16}, num_warps=4, num_stages=1)
+
+
+@autotune(
+    _GROUP_CONFIGS,
+    key=["QGROUP", "BLOCK_K", "SAVE_ARGMAX", "HAS_QM", "HAS_DM", "NORMALIZE"],
+    prune=_prune_group,
+    interpret_config=_GROUP_INTERPRET,
+    do_bench=tuning_bench,
+)
+@triton.jit
+def maxsim_fwd_query_group_kernel(
+    Q,
+    D,
+    QM,
+    DM,
+    PARTIAL,
+    ARGMAX,
+    n_query,
+    n_doc,
+    lq,
+    ld,
+    dim,
+    QGROUP: tl.constexpr,
+    HAS_QM: tl.constexpr,
+    HAS_DM: tl.constexpr,
+    SAVE_ARGMAX: tl.constexpr,
+    UPCAST: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    NORM_EPS: tl.constexpr,
+    IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """All-pairs scores of short queries: one program scores ``BLOCK_Q // QGROUP`` whole queries
+    (each padded to ``QGROUP`` rows) against one document, so every document tile it loads feeds a
+    full-height ``tl.dot`` and is read once per group of queries instead of once per query."""
+    G: tl.constexpr = BLOCK_Q // QGROUP
+    pid = tl.program_id(0)
+    n_groups = tl.cdiv(n_query, G)
+    # consecutive programs share a document: its tiles are read from L2 by all of them
+    doc = pid // n_groups
+    first = (pid % n_groups) * G
+    i = tl.arange(0, BLOCK_Q)
+    qi = first + i // QGROUP
+    t = i % QGROUP
+    row_ok = (t < lq) & (qi < n_query)
+    q_row = qi.to(tl.int64) * lq + t
+    k = tl.arange(0, BLOCK_K)
+    k_ok = k < dim
+    if EVEN_K:
+        q_ok = row_ok[:, None]
+    else:
+        q_ok = row_ok[:, None] & k_ok[None, :]
+    q = tl.load(Q + q_row[:, None] * dim + k[None, :], mask=q_ok, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    if NORMALIZE:
+        q32 = q.to(tl.float32)
+        q_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(q32 * q32, 1)), NORM_EPS)
+    else:
+        q_scale = tl.zeros((BLOCK_Q,), dtype=tl.float32)  # unused
+    d_start = doc.to(tl.int64) * ld
+    best, best_idx = _best_over_document(
+        q, q_scale, D, DM, doc, d_start, ld, ld, ld, dim, k, k_ok,
+        HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, BLOCK_Q, BLOCK_D,
+    )  # fmt: skip
+    keep = row_ok & (best != float("-inf"))
+    if HAS_QM:
+        keep = keep & (tl.load(QM + q_row, mask=row_ok, other=0) != 0)
+    scores = tl.sum(tl.reshape(tl.where(keep, best, 0.0), (G, QGROUP)), 1)
+    queries = first + tl.arange(0, G)
+    tl.store(PARTIAL + queries.to(tl.int64) * n_doc + doc, scores, mask=queries < n_query)
+    if SAVE_ARGMAX:
+        winner = tl.where(keep, (d_start + best_idx).to(tl.int32), -1)
+        tl.store(ARGMAX + (qi.to(tl.int64) * n_doc + doc) * lq + t, winner, mask=row_ok)
+
+
+#: All-pairs calls with queries up to this many tokens and at least MIN_GROUP_QUERIES queries run
+#: the query-group kernel (several queries per document tile).
+MAX_GROUP_QUERY_LEN = 64
+MIN_GROUP_QUERIES = 4
 
 
 def chunking(lq: int) -> tuple[int, int]:
@@ -249,6 +374,19 @@ def maxsim_forward_triton(
         # only the interpreter's static loops read it; they need the longest document
         d_bound = int((cu_d[1:] - cu_d[:-1]).max()) if interpreter_enabled() else 0
     dummy = partial  # never read when the matching HAS_* flag is off
+    if layout == ALL_PAIRS and n_query >= MIN_GROUP_QUERIES and lq <= MAX_GROUP_QUERY_LEN:
+        group = padded_dim(lq)
+        grid = lambda meta: (n_doc * triton.cdiv(n_query, meta["BLOCK_Q"] // group),)
+        maxsim_fwd_query_group_kernel[grid](
+            Q2, D2,
+            q_mask.view(torch.uint8) if q_mask is not None else dummy,
+            d_mask.view(torch.uint8) if d_mask is not None else dummy,
+            partial, argmax, n_query, n_doc, lq, ld, dim,
+            QGROUP=group, HAS_QM=q_mask is not None, HAS_DM=d_mask is not None,
+            SAVE_ARGMAX=save_argmax, UPCAST=upcast, NORMALIZE=normalize, NORM_EPS=NORM_EPS,
+            IEEE=ieee, EVEN_K=dim == padded_dim(dim), BLOCK_K=padded_dim(dim),
+        )  # fmt: skip
+        return partial[:, 0], argmax
     maxsim_fwd_kernel[(n_pairs, n_chunks)](
         Q2,
         D2,
@@ -275,6 +413,7 @@ def maxsim_forward_triton(
         NORM_EPS=NORM_EPS,
         IEEE=ieee,
         DYNAMIC_BOUNDS=not interpreter_enabled(),
+        EVEN_K=dim == padded_dim(dim),
         BLOCK_K=padded_dim(dim),
     )
     scores = partial[:, 0] if n_chunks == 1 else partial.sum(1)

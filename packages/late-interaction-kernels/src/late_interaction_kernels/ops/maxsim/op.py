@@ -131,3 +131,18 @@ def _backward(ctx, grad_scores, _grad_argmax):
 
 
 maxsim_forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def maxsim_forward(*args) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`maxsim_forward_op`, called directly when nothing needs it to be an op.
+
+    An eager call that saves no argmax (inference) has no autograd or graph to join, and the custom
+    op's dispatch costs tens of microseconds, as much as the kernel at small shapes; under
+    ``torch.compile`` or with gradients the registered op runs.
+    """
+    save_argmax, backend = args[11], args[12]
+    if save_argmax or torch.compiler.is_compiling():
+        return maxsim_forward_op(*args)
+    return forward_torch(*args[:12], args[14]) if backend == "torch" else _triton_forward(
+        *args[:12], args[14]
+    )

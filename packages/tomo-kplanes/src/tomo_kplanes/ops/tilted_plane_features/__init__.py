@@ -22,7 +22,7 @@ __all__ = [
     "tilted_plane_features_reference",
 ]
 
-_KERNEL_DTYPES = (torch.float32, torch.float64)
+_SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
 
 def _validate(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor) -> None:
@@ -47,6 +47,13 @@ def _validate(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tenso
         raise TypeError(
             "points, rotations and planes must share one dtype, got "
             f"{points.dtype}, {rotations.dtype}, {planes.dtype}"
+        )
+    # checked here, before the backend is chosen, so that a call is accepted or refused the same
+    # way on every device and backend
+    if planes.dtype not in _SUPPORTED_DTYPES:
+        raise TypeError(
+            f"tilted_plane_features takes float32 or float64 inputs, got {planes.dtype}; "
+            "cast points, rotations and planes (e.g. .float()) first"
         )
 
 
@@ -73,9 +80,11 @@ def tilted_plane_features(
     Returns:
         ``(N, T·C)`` in the inputs' dtype. Differentiable w.r.t. all three inputs; the gradient
         w.r.t. a coordinate is zero where the border clamp is active, as in ``grid_sample``.
+        Where a rotated point ``R_t p`` has a NaN or infinite coordinate, its ``C`` features for
+        rotation ``t`` are NaN and the pair adds nothing to any gradient (on every backend).
 
     Raises:
-        TypeError: non-float or mismatched dtypes (the Triton path takes float32 or float64).
+        TypeError: non-float, mismatched, or other than float32/float64 dtypes (on every backend).
         ValueError: wrong shapes or tensors on different devices.
     """
     _validate(points, rotations, planes)
@@ -83,11 +92,6 @@ def tilted_plane_features(
     chosen = _choose_backend(str(device), backend)
     if not uses_triton(chosen):
         return tilted_plane_features_reference(points, rotations, planes)
-    if planes.dtype not in _KERNEL_DTYPES:
-        raise TypeError(
-            f"the Triton path of tilted_plane_features takes float32 or float64, got {planes.dtype}; "
-            "cast the inputs or pass backend='torch'"
-        )
     return _fused(points, rotations, planes)
 
 

@@ -14,12 +14,18 @@ import triton.language as tl
 
 from triton_dispatch import autotune, config_space, next_power_of_2
 
-from .sampling import sample_plane_with_slopes, scatter_plane_grad
+from .sampling import (
+    rotated_coordinates,
+    sample_plane_with_slopes,
+    scatter_plane_grad,
+    scatter_plane_grad_runs,
+    texel_key,
+)
 
 
 @autotune(
     config_space({"BLOCK_N": [32, 64, 128]}, num_warps=[2, 4, 8], num_stages=[1]),
-    key=["BLOCK_C", "T", "COORD_GRAD"],
+    key=["BLOCK_C", "T", "COORD_GRAD", "RUNS"],
     reset_to_zero=["grad_rot_ptr", "grad_planes_ptr"],
     interpret_config=triton.Config({"BLOCK_N": 16}, num_warps=1, num_stages=1),
 )
@@ -35,6 +41,7 @@ def _backward_kernel(
     stride_glp, stride_glc, stride_glh, stride_glw,
     T_BUCKET,
     T: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_C: tl.constexpr, COORD_GRAD: tl.constexpr,
+    RUNS: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -45,33 +52,39 @@ def _backward_kernel(
     px = tl.load(points_ptr + offs_n * stride_pn, mask=n_mask, other=0.0)
     py = tl.load(points_ptr + offs_n * stride_pn + stride_pd, mask=n_mask, other=0.0)
     pz = tl.load(points_ptr + offs_n * stride_pn + 2 * stride_pd, mask=n_mask, other=0.0)
-    gpx = px * 0.0
-    gpy = px * 0.0
-    gpz = px * 0.0
+    if RUNS:
+        # the neighbours along the point order, to find runs of points that read the same cell
+        prev_n = offs_n - 1
+        next_n = offs_n + 1
+        prev_in = (prev_n >= 0) & (prev_n < N)
+        next_in = next_n < N
+        ax = tl.load(points_ptr + prev_n * stride_pn, mask=prev_in, other=0.0)
+        ay = tl.load(points_ptr + prev_n * stride_pn + stride_pd, mask=prev_in, other=0.0)
+        az = tl.load(points_ptr + prev_n * stride_pn + 2 * stride_pd, mask=prev_in, other=0.0)
+        bx = tl.load(points_ptr + next_n * stride_pn, mask=next_in, other=0.0)
+        by = tl.load(points_ptr + next_n * stride_pn + stride_pd, mask=next_in, other=0.0)
+        bz = tl.load(points_ptr + next_n * stride_pn + 2 * stride_pd, mask=next_in, other=0.0)
+        first = tl.arange(0, BLOCK_N) == 0
+        final = tl.arange(0, BLOCK_N) == BLOCK_N - 1
+    gpx = tl.zeros_like(px)
+    gpy = tl.zeros_like(px)
+    gpz = tl.zeros_like(px)
     c_off = (offs_c * stride_lc)[None, :]
     gc_off = (offs_c * stride_glc)[None, :]
 
     for t in range(0, T):
-        r = rot_ptr + t * stride_rt
-        r00 = tl.load(r)
-        r01 = tl.load(r + stride_rj)
-        r02 = tl.load(r + 2 * stride_rj)
-        r10 = tl.load(r + stride_ri)
-        r11 = tl.load(r + stride_ri + stride_rj)
-        r12 = tl.load(r + stride_ri + 2 * stride_rj)
-        r20 = tl.load(r + 2 * stride_ri)
-        r21 = tl.load(r + 2 * stride_ri + stride_rj)
-        r22 = tl.load(r + 2 * stride_ri + 2 * stride_rj)
-        qx = r00 * px + r01 * py + r02 * pz
-        qy = r10 * px + r11 * py + r12 * pz
-        qz = r20 * px + r21 * py + r22 * pz
+        qx, qy, qz, valid, r00, r01, r02, r10, r11, r12, r20, r21, r22 = rotated_coordinates(
+            rot_ptr + t * stride_rt, stride_ri, stride_rj, px, py, pz
+        )
+        # a (point, rotation) pair with a non-finite coordinate contributes nothing
+        vmask = mask & valid[:, None]
 
         g_ptrs = (
             grad_out_ptr
             + offs_n.to(tl.int64)[:, None] * stride_gn
             + (t * C + offs_c)[None, :] * stride_gc
         )
-        g = tl.load(g_ptrs, mask=mask, other=0.0).to(px.dtype)
+        g = tl.load(g_ptrs, mask=vmask, other=0.0).to(px.dtype)
 
         base = planes_ptr + 3 * t * stride_lp
         s0, du0, dv0, a00, a01, a10, a11, fu0, fv0 = sample_plane_with_slopes(
@@ -89,9 +102,47 @@ def _backward_kernel(
 
         gbase = grad_planes_ptr + 3 * t * stride_glp
         # grad_planes shares the planes' strides (see backward_triton), so texel offsets carry over
-        scatter_plane_grad(gbase, gc_off, mask, g0, a00, a01, a10, a11, fu0, fv0)
-        scatter_plane_grad(gbase + stride_glp, gc_off, mask, g1, b00, b01, b10, b11, fu1, fv1)
-        scatter_plane_grad(gbase + 2 * stride_glp, gc_off, mask, g2, e00, e01, e10, e11, fu2, fv2)
+        if RUNS:
+            r_t = rot_ptr + t * stride_rt
+            ux, uy, uz, uvalid, _, _, _, _, _, _, _, _, _ = rotated_coordinates(
+                r_t, stride_ri, stride_rj, ax, ay, az
+            )
+            wx, wy, wz, wvalid, _, _, _, _, _, _, _, _, _ = rotated_coordinates(
+                r_t, stride_ri, stride_rj, bx, by, bz
+            )
+            here = valid & n_mask
+            uvalid = uvalid & prev_in
+            wvalid = wvalid & next_in
+            for k in tl.static_range(3):
+                # plane k reads (coordinate k → W, coordinate (k + 1) % 3 → H)
+                if k == 0:
+                    key = texel_key(qx, qy, W, H, here, offs_n)
+                    key_p = texel_key(ux, uy, W, H, uvalid, prev_n)
+                    key_n = texel_key(wx, wy, W, H, wvalid, next_n)
+                elif k == 1:
+                    key = texel_key(qz, qx, W, H, here, offs_n)
+                    key_p = texel_key(uz, ux, W, H, uvalid, prev_n)
+                    key_n = texel_key(wz, wx, W, H, wvalid, next_n)
+                else:
+                    key = texel_key(qy, qz, W, H, here, offs_n)
+                    key_p = texel_key(uy, uz, W, H, uvalid, prev_n)
+                    key_n = texel_key(wy, wz, W, H, wvalid, next_n)
+                start = (key != key_p) | first
+                end = (key != key_n) | final
+                if k == 0:
+                    scatter_plane_grad_runs(gbase, gc_off, vmask, g0, a00, a01, a10, a11, fu0, fv0, start, end)
+                elif k == 1:
+                    scatter_plane_grad_runs(
+                        gbase + stride_glp, gc_off, vmask, g1, b00, b01, b10, b11, fu1, fv1, start, end
+                    )
+                else:
+                    scatter_plane_grad_runs(
+                        gbase + 2 * stride_glp, gc_off, vmask, g2, e00, e01, e10, e11, fu2, fv2, start, end
+                    )
+        else:
+            scatter_plane_grad(gbase, gc_off, vmask, g0, a00, a01, a10, a11, fu0, fv0)
+            scatter_plane_grad(gbase + stride_glp, gc_off, vmask, g1, b00, b01, b10, b11, fu1, fv1)
+            scatter_plane_grad(gbase + 2 * stride_glp, gc_off, vmask, g2, e00, e01, e10, e11, fu2, fv2)
 
         if COORD_GRAD:
             # plane 0 reads (qx → W, qy → H), plane 1 (qz, qx), plane 2 (qy, qz)
@@ -99,24 +150,33 @@ def _backward_kernel(
             gqy = tl.sum(g0 * dv0, axis=1) + tl.sum(g2 * du2, axis=1)
             gqz = tl.sum(g1 * du1, axis=1) + tl.sum(g2 * dv2, axis=1)
             gr = grad_rot_ptr + t * 9
-            tl.atomic_add(gr + 0, tl.sum(gqx * px, axis=0), sem="relaxed")
-            tl.atomic_add(gr + 1, tl.sum(gqx * py, axis=0), sem="relaxed")
-            tl.atomic_add(gr + 2, tl.sum(gqx * pz, axis=0), sem="relaxed")
-            tl.atomic_add(gr + 3, tl.sum(gqy * px, axis=0), sem="relaxed")
-            tl.atomic_add(gr + 4, tl.sum(gqy * py, axis=0), sem="relaxed")
-            tl.atomic_add(gr + 5, tl.sum(gqy * pz, axis=0), sem="relaxed")
-            tl.atomic_add(gr + 6, tl.sum(gqz * px, axis=0), sem="relaxed")
-            tl.atomic_add(gr + 7, tl.sum(gqz * py, axis=0), sem="relaxed")
-            tl.atomic_add(gr + 8, tl.sum(gqz * pz, axis=0), sem="relaxed")
-            gpx += r00 * gqx + r10 * gqy + r20 * gqz
-            gpy += r01 * gqx + r11 * gqy + r21 * gqz
-            gpz += r02 * gqx + r12 * gqy + r22 * gqz
+            # sanitised copies: 0 · NaN would poison the sums (gq is already 0 where invalid)
+            spx = tl.where(valid, px, 0.0)
+            spy = tl.where(valid, py, 0.0)
+            spz = tl.where(valid, pz, 0.0)
+            tl.atomic_add(gr + 0, tl.sum(gqx * spx, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 1, tl.sum(gqx * spy, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 2, tl.sum(gqx * spz, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 3, tl.sum(gqy * spx, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 4, tl.sum(gqy * spy, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 5, tl.sum(gqy * spz, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 6, tl.sum(gqz * spx, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 7, tl.sum(gqz * spy, axis=0), sem="relaxed")
+            tl.atomic_add(gr + 8, tl.sum(gqz * spz, axis=0), sem="relaxed")
+            gpx += tl.where(valid, r00 * gqx + r10 * gqy + r20 * gqz, 0.0)
+            gpy += tl.where(valid, r01 * gqx + r11 * gqy + r21 * gqz, 0.0)
+            gpz += tl.where(valid, r02 * gqx + r12 * gqy + r22 * gqz, 0.0)
 
     if COORD_GRAD:
         gp = grad_points_ptr + offs_n * 3
         tl.store(gp, gpx, mask=n_mask)
         tl.store(gp + 1, gpy, mask=n_mask)
         tl.store(gp + 2, gpz, mask=n_mask)
+
+
+#: Pre-reduce the plane-gradient atomics over runs of consecutive points that read the same cell
+#: (ray-ordered samples). Module-level so benchmarks can compare both kernels.
+PRE_REDUCE_RUNS = True
 
 
 def backward_triton(
@@ -155,5 +215,6 @@ def backward_triton(
         T=t,
         BLOCK_C=next_power_of_2(c),
         COORD_GRAD=coordinate_grad,
+        RUNS=PRE_REDUCE_RUNS,
     )
     return grad_points, grad_rot, grad_planes

@@ -8,7 +8,7 @@ import triton.language as tl
 
 from triton_dispatch import autotune, config_space, next_power_of_2
 
-from .sampling import sample_plane
+from .sampling import rotated_coordinates, sample_plane
 
 
 @autotune(
@@ -37,12 +37,9 @@ def _forward_kernel(
     px = tl.load(points_ptr + offs_n * stride_pn, mask=n_mask, other=0.0)
     py = tl.load(points_ptr + offs_n * stride_pn + stride_pd, mask=n_mask, other=0.0)
     pz = tl.load(points_ptr + offs_n * stride_pn + 2 * stride_pd, mask=n_mask, other=0.0)
-    r = rot_ptr + t * stride_rt
-    qx = (tl.load(r) * px + tl.load(r + stride_rj) * py + tl.load(r + 2 * stride_rj) * pz)
-    r = r + stride_ri
-    qy = (tl.load(r) * px + tl.load(r + stride_rj) * py + tl.load(r + 2 * stride_rj) * pz)
-    r = r + stride_ri
-    qz = (tl.load(r) * px + tl.load(r + stride_rj) * py + tl.load(r + 2 * stride_rj) * pz)
+    qx, qy, qz, valid, _, _, _, _, _, _, _, _, _ = rotated_coordinates(
+        rot_ptr + t * stride_rt, stride_ri, stride_rj, px, py, pz
+    )
 
     c_off = (offs_c * stride_lc)[None, :]
     base = planes_ptr + (3 * t).to(tl.int64) * stride_lp
@@ -50,7 +47,7 @@ def _forward_kernel(
     s_zx = sample_plane(base + stride_lp, c_off, mask, qz, qx, W, H, stride_lh, stride_lw)
     s_yz = sample_plane(base + 2 * stride_lp, c_off, mask, qy, qz, W, H, stride_lh, stride_lw)
 
-    out = s_xy * s_zx * s_yz
+    out = tl.where(valid[:, None], s_xy * s_zx * s_yz, float("nan"))
     out_ptrs = out_ptr + offs_n.to(tl.int64)[:, None] * stride_on + (t * C + offs_c)[None, :] * stride_oc
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
 

@@ -20,6 +20,11 @@ Axis conventions (fixed; the Triton kernels follow them exactly):
   texel, ``+1`` of the last) and ``padding_mode="border"``: points outside ``[-1, 1]`` (a rotated
   cube's corners) take the edge value, and their gradient w.r.t. the clamped coordinate is zero.
 * Output column ``t * C + c`` holds ``XY_t[c] · ZX_t[c] · YZ_t[c]`` at point ``n``.
+* Non-finite coordinates: where ``q = R_t p_n`` has a NaN or infinite component (a bad point or a
+  bad rotation), the ``C`` features of that (point, rotation) pair are NaN and the pair contributes
+  nothing to any gradient. ``grid_sample`` itself has no usable answer there (finite values that
+  differ between CPU and CUDA, and a crash in its CPU backward), so the spec masks such pairs
+  before sampling, and the kernels do the same.
 """
 
 from __future__ import annotations
@@ -47,7 +52,13 @@ def tilted_plane_features_reference(
     n = points.shape[0]
     t = rotations.shape[0]
     c = planes.shape[1]
-    q = rotate_points(points, rotations)  # (T, N, 3)
+    with torch.no_grad():
+        valid = torch.isfinite(rotate_points(points, rotations)).all(dim=-1)  # (T, N)
+    # zero the bad entries before the product too, so that 0 · NaN cannot reach the gradients
+    safe_points = torch.where(torch.isfinite(points), points, torch.zeros_like(points))
+    safe_rotations = torch.where(torch.isfinite(rotations), rotations, torch.zeros_like(rotations))
+    q = rotate_points(safe_points, safe_rotations)
+    q = torch.where(valid.unsqueeze(-1), q, torch.zeros_like(q))  # (T, N, 3)
     grids = torch.stack([q[..., list(axes)] for axes in PLANE_AXES], dim=1)  # (T, 3, N, 2)
     grids = grids.reshape(3 * t, 1, n, 2)
     samples = F.grid_sample(
@@ -55,4 +66,5 @@ def tilted_plane_features_reference(
     )  # (3T, C, 1, N)
     samples = samples.reshape(t, 3, c, n)
     product = samples[:, 0] * samples[:, 1] * samples[:, 2]  # (T, C, N)
+    product = torch.where(valid.unsqueeze(1), product, torch.full_like(product, float("nan")))
     return product.permute(2, 0, 1).reshape(n, t * c)

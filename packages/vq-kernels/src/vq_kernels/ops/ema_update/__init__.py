@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from triton_dispatch import common_device, uses_triton
+from triton_dispatch import common_device, select_backend, uses_triton
 
-from .._dispatch import backend_for
 from .._validation import (
     require_contiguous,
     require_float,
@@ -31,9 +30,16 @@ DEFAULT_THRESHOLDS = {"active_only": 20, "decay_all": 2.0}
 _DEFAULT = object()
 
 
-def _ema_statistics_impl(
-    x: torch.Tensor, codes: torch.Tensor, num_codes: int, deterministic: bool, backend: str
+def _statistics(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    num_codes: int,
+    deterministic: bool,
+    backend: str,
+    one_buffer: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``one_buffer``: counts and sums may be views of one allocation (one zero-fill launch, not
+    two); a custom op's outputs must not alias, so only the eager path asks for it."""
     levels, batch, dim = x.shape
     if batch == 0 or num_codes == 0:
         return (
@@ -43,10 +49,17 @@ def _ema_statistics_impl(
     if uses_triton(backend) and x.dtype != torch.float64:
         from .kernels import scatter_statistics, segment_statistics
 
-        fn = segment_statistics if deterministic else scatter_statistics
-        return fn(x.contiguous(), codes.contiguous(), num_codes)
+        if deterministic:
+            return segment_statistics(x.contiguous(), codes.contiguous(), num_codes)
+        return scatter_statistics(x.contiguous(), codes.contiguous(), num_codes, one_buffer)
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     return ema_statistics_reference(x, codes, num_codes, dtype=dtype)
+
+
+def _ema_statistics_impl(
+    x: torch.Tensor, codes: torch.Tensor, num_codes: int, deterministic: bool, backend: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _statistics(x, codes, num_codes, deterministic, backend)
 
 
 _ema_statistics_op = torch.library.custom_op("vq_kernels::ema_statistics", mutates_args=())(
@@ -119,15 +132,59 @@ def _ema_apply_impl(
     )
 
 
-_ema_apply_op = torch.library.custom_op(
-    "vq_kernels::ema_apply_",
-    mutates_args=("codebook", "cluster_size", "embed_sum", "steps_since_active"),
-)(_ema_apply_impl)
+def _ema_apply_functional_impl(
+    codebook: torch.Tensor,
+    cluster_size: torch.Tensor,
+    embed_sum: torch.Tensor,
+    steps_since_active: torch.Tensor,
+    counts: torch.Tensor,
+    sums: torch.Tensor,
+    src: torch.Tensor,
+    candidates: torch.Tensor,
+    rows_per_level: int,
+    decay: float,
+    eps: float,
+    semantics: str,
+    threshold: float,
+    has_threshold: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    state = [t.clone() for t in (codebook, cluster_size, embed_sum, steps_since_active)]
+    replaced = _ema_apply_impl(
+        *state,
+        counts,
+        sums,
+        src,
+        candidates,
+        rows_per_level,
+        decay,
+        eps,
+        semantics,
+        threshold,
+        has_threshold,
+        backend,
+    )
+    return (*state, replaced)
 
 
-@_ema_apply_op.register_fake
+# The traced path: a functional op whose results the caller copies into the state. Inductor
+# (torch 2.11) could reorder an in-place custom op's write to a module buffer before a gather from
+# that buffer earlier in the program (the straight-through output read the updated codebook);
+# a plain copy_ into the buffer is the input-mutation pattern it orders correctly.
+_ema_apply_functional_op = torch.library.custom_op("vq_kernels::ema_apply", mutates_args=())(
+    _ema_apply_functional_impl
+)
+
+
+@_ema_apply_functional_op.register_fake
 def _(codebook, cluster_size, embed_sum, steps_since_active, *rest):
-    return cluster_size.new_empty(cluster_size.shape, dtype=torch.bool)
+    return (
+        torch.empty_like(codebook),
+        torch.empty_like(cluster_size),
+        torch.empty_like(embed_sum),
+        torch.empty_like(steps_since_active),
+        cluster_size.new_empty(cluster_size.shape, dtype=torch.bool),
+    )
 
 
 def ema_statistics(
@@ -151,7 +208,7 @@ def ema_statistics(
             f"x must be (B, D) or (L, B, D) and codes x.shape[:-1]; got x {tuple(x.shape)}, "
             f"codes {tuple(codes.shape)}"
         )
-    chosen = backend_for(common_device([x, codes], names=["x", "codes"]), backend)
+    chosen = select_backend(device=common_device([x, codes], names=["x", "codes"]), backend=backend)
     counts, sums = _ema_statistics_op(
         x.detach() if stacked else x.detach().unsqueeze(0),
         codes if stacked else codes.unsqueeze(0),
@@ -193,7 +250,7 @@ def ema_update_(
     generator: torch.Generator | None = None,
     deterministic: bool = False,
     process_group=None,
-    check_codes: bool = True,
+    check_codes: bool | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
     """One EMA codebook step, in place, for one codebook or a stack of ``L`` codebooks.
@@ -234,9 +291,11 @@ def ema_update_(
             reference is deterministic anyway).
         process_group: a ``torch.distributed`` group to all-reduce the statistics over. Every rank
             must call the op; a rank with ``B = 0`` contributes no statistics.
-        check_codes: check that codes lie in ``[0, K)`` and raise otherwise. It reads two numbers
-            back to the host (a sync); pass False under CUDA graphs (out-of-range codes are then
-            ignored, never written out of bounds).
+        check_codes: check that codes lie in ``[0, K)`` and raise a ValueError otherwise. The
+            check reads two numbers back to the host, a device sync on CUDA, so the default
+            (``None``) checks host tensors only; on CUDA out-of-range codes are then ignored like
+            non-finite rows (they take no part in the statistics and nothing is written out of
+            bounds). ``True`` checks on every device (not under CUDA graphs), ``False`` never.
         backend: ``"auto"``/``None``, ``"triton"``, ``"interpret"`` or ``"torch"``.
 
     Returns:
@@ -318,10 +377,12 @@ def ema_update_(
     for name, t in zip(names[2:6], tensors[2:6]):
         if t is not None:
             require_contiguous(name, t)
-    chosen = backend_for(device, backend)
+    chosen = select_backend(device=device, backend=backend)
 
     if batch == 0 and process_group is None:
         return torch.zeros(cluster_size.shape, dtype=torch.bool, device=device)
+    if check_codes is None:
+        check_codes = device.type != "cuda"
     if check_codes and batch > 0 and codes.numel() > 0:
         low, high = int(codes.min()), int(codes.max())
         if low < 0 or high >= num_codes:
@@ -341,7 +402,12 @@ def ema_update_(
         counter3 = steps_since_active if stacked else steps_since_active.unsqueeze(0)
 
     if threshold is None:
-        cand3 = torch.zeros(levels, num_codes, dtype=torch.int64, device=device)
+        # Never read as a row index without restarts; the kernels only need an int tensor there.
+        cand3 = (
+            counter3
+            if uses_triton(chosen) and cluster_size.dtype == torch.float32
+            else torch.zeros(levels, num_codes, dtype=torch.int64, device=device)
+        )
     elif candidates is not None:
         cand3 = (
             (candidates if stacked else candidates.unsqueeze(0)).long().clamp(0, max(batch - 1, 0))
@@ -354,9 +420,35 @@ def ema_update_(
     # Eager calls skip the custom-op dispatcher (tens of microseconds per call); traced calls need
     # the registered ops.
     compiling = torch.compiler.is_compiling()
-    statistics_fn = _ema_statistics_op if compiling else _ema_statistics_impl
-    apply_fn = _ema_apply_op if compiling else _ema_apply_impl
-    counts, sums = statistics_fn(x3, codes3, num_codes, bool(deterministic), chosen)
+    if (
+        chosen == "triton"
+        and not compiling
+        and process_group is None
+        and not deterministic
+        and semantics == "active_only"
+        and x.dtype != torch.float64
+        and cluster_size.dtype == torch.float32
+    ):
+        # The common training update: statistics and epilogue in one cooperative launch.
+        from .kernels import fused_update
+
+        replaced = fused_update(
+            x3.contiguous(),
+            codes3.contiguous(),
+            cb3,
+            size3,
+            sum3,
+            counter3,
+            cand3,
+            decay=float(decay),
+            eps=float(eps),
+            threshold=threshold,
+        )
+        return replaced if stacked else replaced[0]
+    if compiling:
+        counts, sums = _ema_statistics_op(x3, codes3, num_codes, bool(deterministic), chosen)
+    else:
+        counts, sums = _statistics(x3, codes3, num_codes, bool(deterministic), chosen, True)
     if process_group is not None:
         import torch.distributed as dist
 
@@ -370,11 +462,7 @@ def ema_update_(
     else:
         src = x3.contiguous().view(levels * batch, dim)
         rows_per_level = batch
-    replaced = apply_fn(
-        cb3,
-        size3,
-        sum3,
-        counter3,
+    apply_args = (
         counts,
         sums,
         src,
@@ -387,4 +475,10 @@ def ema_update_(
         threshold is not None,
         chosen,
     )
+    if compiling:
+        *new_state, replaced = _ema_apply_functional_op(cb3, size3, sum3, counter3, *apply_args)
+        for t, new in zip((cb3, size3, sum3, counter3), new_state):
+            t.copy_(new)
+    else:
+        replaced = _ema_apply_impl(cb3, size3, sum3, counter3, *apply_args)
     return replaced if stacked else replaced[0]

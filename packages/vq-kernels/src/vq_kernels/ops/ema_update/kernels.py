@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_dispatch import autotune, config_space, padded_dim, shape_bucket
+from triton_dispatch import device_facts, padded_dim
 
 # Rows × padded columns held by one scatter program: enough to hide latency, small enough for
 # registers.
@@ -31,33 +31,30 @@ def _row_is_finite(tile):
     return tl.sum(bad.to(tl.int32), axis=1) == 0
 
 
-@autotune(
-    config_space({}, num_warps=[2, 4, 8]),
-    key=["ROWS_BUCKET", "BLOCK_D", "BLOCK_B", "SINGLE_TILE"],
-    reset_to_zero=["counts_ptr", "sums_ptr"],
-)
-@triton.jit(do_not_specialize=["ROWS_BUCKET"])
-def scatter_statistics_kernel(
+# The kernels launch with fixed, shape-derived blocks rather than through an autotuner: they are
+# memory-bound with little to tune, and at training batch sizes the autotuner's per-call
+# bookkeeping is a visible part of the whole update.
+@triton.jit
+def _scatter_rows(
     x_ptr,
     codes_ptr,
     counts_ptr,
     sums_ptr,
+    tile,
+    level,
     B,
     D,
     K,
-    ROWS_BUCKET,
     SINGLE_TILE: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """x (L·B, D) contiguous, codes (L·B,) → counts (L·K,), sums (L·K, D) by atomic adds.
+    """Add rows ``tile·BLOCK_B …`` of level ``level`` of x (L·B, D) to their codes' counts and sums.
 
     A row holding a NaN/inf, or a code outside [0, K), is skipped. When D does not fit one tile the
     row is read twice: once to check it is finite, once to add it (the second read hits L2).
     """
-    pid = tl.program_id(0)
-    level = tl.program_id(1)
-    rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
+    rows = tile * BLOCK_B + tl.arange(0, BLOCK_B)
     row_mask = rows < B
     code = tl.load(codes_ptr + level * B + rows, mask=row_mask, other=-1).to(tl.int64)
     keep = row_mask & (code >= 0) & (code < K)
@@ -66,11 +63,11 @@ def scatter_statistics_kernel(
     cols = tl.arange(0, BLOCK_D)
     if SINGLE_TILE:
         m = keep[:, None] & (cols[None, :] < D)
-        tile = tl.load(x_rows + cols[None, :], mask=m, other=0.0).to(tl.float32)
-        keep = keep & _row_is_finite(tile)
+        tile_x = tl.load(x_rows + cols[None, :], mask=m, other=0.0).to(tl.float32)
+        keep = keep & _row_is_finite(tile_x)
         tl.atomic_add(
             sums_ptr + target[:, None] * D + cols[None, :],
-            tile,
+            tile_x,
             mask=keep[:, None] & (cols[None, :] < D),
             sem="relaxed",
         )
@@ -78,16 +75,73 @@ def scatter_statistics_kernel(
         for d0 in range(0, D, BLOCK_D):
             c = d0 + cols
             m = keep[:, None] & (c[None, :] < D)
-            tile = tl.load(x_rows + c[None, :], mask=m, other=0.0).to(tl.float32)
-            keep = keep & _row_is_finite(tile)
+            tile_x = tl.load(x_rows + c[None, :], mask=m, other=0.0).to(tl.float32)
+            keep = keep & _row_is_finite(tile_x)
         for d0 in range(0, D, BLOCK_D):
             c = d0 + cols
             m = keep[:, None] & (c[None, :] < D)
-            tile = tl.load(x_rows + c[None, :], mask=m, other=0.0).to(tl.float32)
-            tl.atomic_add(sums_ptr + target[:, None] * D + c[None, :], tile, mask=m, sem="relaxed")
+            tile_x = tl.load(x_rows + c[None, :], mask=m, other=0.0).to(tl.float32)
+            tl.atomic_add(
+                sums_ptr + target[:, None] * D + c[None, :], tile_x, mask=m, sem="relaxed"
+            )
     tl.atomic_add(
         counts_ptr + target, tl.full([BLOCK_B], 1.0, tl.float32), mask=keep, sem="relaxed"
     )
+
+
+@triton.jit
+def scatter_statistics_kernel(
+    x_ptr,
+    codes_ptr,
+    counts_ptr,
+    sums_ptr,
+    B,
+    D,
+    K,
+    SINGLE_TILE: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """x (L·B, D) contiguous, codes (L·B,) → counts (L·K,), sums (L·K, D) by atomic adds; grid
+    (row tiles, L)."""
+    _scatter_rows(
+        x_ptr,
+        codes_ptr,
+        counts_ptr,
+        sums_ptr,
+        tl.program_id(0),
+        tl.program_id(1),
+        B,
+        D,
+        K,
+        SINGLE_TILE,
+        BLOCK_B,
+        BLOCK_D,
+    )
+
+
+@triton.jit
+def sort_keys_kernel(
+    x_ptr, codes_ptr, keys_ptr, B, D, K, LB, SKIP, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr
+):
+    """keys[l·B + b] = l·K + codes[l, b] for rows that count, SKIP (= L·K, sorted last) for rows
+    holding a NaN/inf or a code outside [0, K): the sort keys of the deterministic mode in one
+    pass over x."""
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    m = rows < LB
+    code = tl.load(codes_ptr + rows, mask=m, other=-1).to(tl.int64)
+    keep = m & (code >= 0) & (code < K)
+    cols = tl.arange(0, BLOCK_D)
+    for d0 in range(0, D, BLOCK_D):
+        c = d0 + cols
+        tile = tl.load(
+            x_ptr + rows.to(tl.int64)[:, None] * D + c[None, :],
+            mask=keep[:, None] & (c[None, :] < D),
+            other=0.0,
+        ).to(tl.float32)
+        keep = keep & _row_is_finite(tile)
+    key = tl.where(keep, (rows // B).to(tl.int64) * K + code, SKIP)
+    tl.store(keys_ptr + rows, key.to(keys_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
@@ -123,14 +177,8 @@ def segment_statistics_kernel(
         tl.store(counts_ptr + code, (end - start).to(tl.float32))
 
 
-@autotune(
-    config_space({"BLOCK_K": [16, 32], "BLOCK_D": [64, 128]}, num_warps=[4]),
-    key=["CODES_BUCKET", "D_PADDED"],
-    interpret_config=triton.Config({"BLOCK_K": 16, "BLOCK_D": 16}, num_warps=4),
-    restore_value=["codebook_ptr", "size_ptr", "sum_ptr", "counter_ptr"],
-)
-@triton.jit(do_not_specialize=["CODES_BUCKET", "D_PADDED"])
-def ema_epilogue_kernel(
+@triton.jit
+def _epilogue_codes(
     codebook_ptr,
     size_ptr,
     sum_ptr,
@@ -141,6 +189,7 @@ def ema_epilogue_kernel(
     src_ptr,
     cand_ptr,
     replaced_ptr,
+    block,
     rows_per_level,
     LK,
     K,
@@ -151,15 +200,15 @@ def ema_epilogue_kernel(
     reset_size,
     DECAY_ALL: tl.constexpr,
     HAS_THRESHOLD: tl.constexpr,
-    CODES_BUCKET,
-    D_PADDED,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Per-code epilogue over all L·K codes; see ``reference.ema_apply_reference_`` for the math."""
-    g = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    """The epilogue of codes ``block·BLOCK_K …`` of all L·K codes; see
+    ``reference.ema_apply_reference_`` for the math. The batch statistics are loaded past L1
+    (``.cg``): in the fused kernel other programs' atomics wrote them during this launch."""
+    g = block * BLOCK_K + tl.arange(0, BLOCK_K)
     gm = g < LK
-    count = tl.load(counts_ptr + g, mask=gm, other=0.0)
+    count = tl.load(counts_ptr + g, mask=gm, other=0.0, cache_modifier=".cg")
     size = tl.load(size_ptr + g, mask=gm, other=0.0)
     counter = tl.load(counter_ptr + g, mask=gm, other=0)
     active = count > 0
@@ -203,7 +252,7 @@ def ema_epilogue_kernel(
         m = gm[:, None] & (c[None, :] < D)
         off = g64[:, None] * D + c[None, :]
         old_sum = tl.load(sum_ptr + off, mask=m, other=0.0)
-        batch_sum = tl.load(sums_ptr + off, mask=m, other=0.0)
+        batch_sum = tl.load(sums_ptr + off, mask=m, other=0.0, cache_modifier=".cg")
         new_sum = tl.where(blend[:, None], decay * old_sum + (1.0 - decay) * batch_sum, old_sum)
         old_code = tl.load(codebook_ptr + off, mask=m, other=0.0).to(tl.float32)
         new_code = tl.where(refresh[:, None], new_sum / denom[:, None], old_code)
@@ -223,18 +272,171 @@ def ema_epilogue_kernel(
     tl.store(replaced_ptr + g, replaced, mask=gm)
 
 
-def scatter_statistics(x: torch.Tensor, codes: torch.Tensor, num_codes: int):
+@triton.jit
+def ema_epilogue_kernel(
+    codebook_ptr,
+    size_ptr,
+    sum_ptr,
+    counter_ptr,
+    counts_ptr,
+    sums_ptr,
+    total_ptr,
+    src_ptr,
+    cand_ptr,
+    replaced_ptr,
+    rows_per_level,
+    LK,
+    K,
+    D,
+    decay,
+    eps,
+    threshold,
+    reset_size,
+    DECAY_ALL: tl.constexpr,
+    HAS_THRESHOLD: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """Per-code epilogue over all L·K codes, one block of codes per program."""
+    _epilogue_codes(
+        codebook_ptr,
+        size_ptr,
+        sum_ptr,
+        counter_ptr,
+        counts_ptr,
+        sums_ptr,
+        total_ptr,
+        src_ptr,
+        cand_ptr,
+        replaced_ptr,
+        tl.program_id(0),
+        rows_per_level,
+        LK,
+        K,
+        D,
+        decay,
+        eps,
+        threshold,
+        reset_size,
+        DECAY_ALL,
+        HAS_THRESHOLD,
+        BLOCK_K,
+        BLOCK_D,
+    )
+
+
+@triton.jit
+def fused_update_kernel(
+    x_ptr,
+    codes_ptr,
+    barrier_ptr,
+    codebook_ptr,
+    size_ptr,
+    sum_ptr,
+    counter_ptr,
+    counts_ptr,
+    sums_ptr,
+    total_ptr,
+    src_ptr,
+    cand_ptr,
+    replaced_ptr,
+    rows_per_level,
+    LK,
+    K,
+    D,
+    decay,
+    eps,
+    threshold,
+    reset_size,
+    DECAY_ALL: tl.constexpr,
+    HAS_THRESHOLD: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    B,
+    SINGLE_TILE: tl.constexpr,
+    SCATTER_B: tl.constexpr,
+    SCATTER_D: tl.constexpr,
+):
+    """Statistics and epilogue in one launch (non-distributed updates): a cooperative grid of
+    persistent programs scatters every row tile, meets at a grid-wide barrier, then runs the
+    epilogue over every block of codes. One launch instead of two halves the host cost of a
+    training-size update, which is mostly launch overhead. Must be launched with
+    ``launch_cooperative_grid=True`` (all programs resident, or the launch fails) and a zeroed
+    ``barrier`` counter."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    levels = LK // K
+    row_tiles = tl.cdiv(B, SCATTER_B)
+    for t in range(pid, row_tiles * levels, nprog):
+        _scatter_rows(
+            x_ptr,
+            codes_ptr,
+            counts_ptr,
+            sums_ptr,
+            t % row_tiles,
+            t // row_tiles,
+            B,
+            D,
+            K,
+            SINGLE_TILE,
+            SCATTER_B,
+            SCATTER_D,
+        )
+    # Grid barrier (the cooperative-groups pattern): every thread's atomics are issued before the
+    # CTA barrier; one release increment per program publishes them; the acquire spin waits for
+    # every program.
+    tl.debug_barrier()
+    tl.atomic_add(barrier_ptr, 1, sem="release", scope="gpu")
+    arrived = tl.atomic_add(barrier_ptr, 0, sem="acquire", scope="gpu")
+    while arrived < nprog:
+        arrived = tl.atomic_add(barrier_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()
+    for blk in range(pid, tl.cdiv(LK, BLOCK_K), nprog):
+        _epilogue_codes(
+            codebook_ptr,
+            size_ptr,
+            sum_ptr,
+            counter_ptr,
+            counts_ptr,
+            sums_ptr,
+            total_ptr,
+            src_ptr,
+            cand_ptr,
+            replaced_ptr,
+            blk,
+            rows_per_level,
+            LK,
+            K,
+            D,
+            decay,
+            eps,
+            threshold,
+            reset_size,
+            DECAY_ALL,
+            HAS_THRESHOLD,
+            BLOCK_K,
+            BLOCK_D,
+        )
+
+
+def scatter_statistics(
+    x: torch.Tensor, codes: torch.Tensor, num_codes: int, one_buffer: bool = False
+):
     """Counts (L, K) and sums (L, K, D) in fp32 with the atomic scatter kernel.
 
-    x (L, B, D) contiguous, codes (L, B) contiguous, B ≥ 1.
+    x (L, B, D) contiguous, codes (L, B) contiguous, B ≥ 1. ``one_buffer``: both are views of a
+    single allocation, zero-filled by one launch instead of two (a launch costs microseconds of
+    host time, a visible part of a training-size update).
     """
     levels, batch, dim = x.shape
-    counts = torch.zeros(levels, num_codes, device=x.device, dtype=torch.float32)
-    sums = torch.zeros(levels, num_codes, dim, device=x.device, dtype=torch.float32)
-    block_d = min(padded_dim(dim), 1024)
-    block_b = max(1, min(_SCATTER_TILE // block_d, 64))
-    if triton_interpreting():
-        block_b = min(block_b, 16)
+    if one_buffer:
+        scratch = torch.zeros(levels * num_codes * (dim + 1), device=x.device, dtype=torch.float32)
+        counts = scratch[: levels * num_codes].view(levels, num_codes)
+        sums = scratch[levels * num_codes :].view(levels, num_codes, dim)
+    else:
+        counts = torch.zeros(levels, num_codes, device=x.device, dtype=torch.float32)
+        sums = torch.zeros(levels, num_codes, dim, device=x.device, dtype=torch.float32)
+    block_b, block_d = _scatter_blocks(dim)
     grid = (triton.cdiv(batch, block_b), levels)
     scatter_statistics_kernel[grid](
         x,
@@ -244,10 +446,10 @@ def scatter_statistics(x: torch.Tensor, codes: torch.Tensor, num_codes: int):
         batch,
         dim,
         num_codes,
-        ROWS_BUCKET=shape_bucket(batch, minimum=256, maximum=1 << 20),
         SINGLE_TILE=dim <= block_d,
         BLOCK_B=block_b,
         BLOCK_D=block_d,
+        num_warps=4,
     )
     return counts, sums
 
@@ -255,12 +457,28 @@ def scatter_statistics(x: torch.Tensor, codes: torch.Tensor, num_codes: int):
 def segment_statistics(x: torch.Tensor, codes: torch.Tensor, num_codes: int):
     """Deterministic counts and sums: rows sorted by (level, code) with a stable sort, then one
     program per code reduces its rows in order. No atomics; bitwise reproducible."""
-    levels, _batch, dim = x.shape
-    keep = torch.isfinite(x).all(-1) & (codes >= 0) & (codes < num_codes)
-    keys = codes.long() + torch.arange(levels, device=x.device)[:, None] * num_codes
-    keys = torch.where(keep, keys, torch.full_like(keys, levels * num_codes)).reshape(-1)
+    levels, batch, dim = x.shape
+    total = levels * num_codes
+    # int32 keys halve the radix-sort passes of int64 ones; total + 1 (the key of skipped rows)
+    # always fits for codebooks that fit in memory.
+    key_dtype = torch.int32 if total < 2**31 - 1 else torch.int64
+    keys = torch.empty(levels * batch, device=x.device, dtype=key_dtype)
+    block_b, block_d = _scatter_blocks(dim)
+    sort_keys_kernel[(triton.cdiv(levels * batch, block_b),)](
+        x,
+        codes,
+        keys,
+        batch,
+        dim,
+        num_codes,
+        levels * batch,
+        total,
+        BLOCK_B=block_b,
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
     sorted_keys, order = torch.sort(keys, stable=True)
-    bounds = torch.arange(levels * num_codes + 1, device=x.device, dtype=sorted_keys.dtype)
+    bounds = torch.arange(total + 1, device=x.device, dtype=key_dtype)
     offsets = torch.searchsorted(sorted_keys, bounds)
     counts = torch.empty(levels * num_codes, device=x.device, dtype=torch.float32)
     sums = torch.empty(levels * num_codes, dim, device=x.device, dtype=torch.float32)
@@ -302,8 +520,8 @@ def ema_epilogue(
         total = (decay * cluster_size + (1.0 - decay) * counts).sum(-1)
     else:
         total = cluster_size  # unused
-    grid = lambda meta: (triton.cdiv(levels * num_codes, meta["BLOCK_K"]),)
-    ema_epilogue_kernel[grid](
+    block_k, block_d = _epilogue_blocks(dim)
+    ema_epilogue_kernel[(triton.cdiv(levels * num_codes, block_k),)](
         codebook,
         cluster_size,
         embed_sum,
@@ -324,8 +542,94 @@ def ema_epilogue(
         float(reset_size),
         DECAY_ALL=decay_all,
         HAS_THRESHOLD=threshold is not None,
-        CODES_BUCKET=shape_bucket(levels * num_codes, minimum=64, maximum=1 << 16),
-        D_PADDED=padded_dim(dim),
+        BLOCK_K=block_k,
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
+    return replaced
+
+
+def _scatter_blocks(dim: int) -> tuple[int, int]:
+    block_d = min(padded_dim(dim), 1024)
+    block_b = max(1, min(_SCATTER_TILE // block_d, 64))
+    return (min(block_b, 16) if triton_interpreting() else block_b), block_d
+
+
+def _epilogue_blocks(dim: int) -> tuple[int, int]:
+    interpreting = triton_interpreting()
+    return (16 if interpreting else 32), min(padded_dim(dim), 16 if interpreting else 128)
+
+
+def fused_update(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    codebook: torch.Tensor,
+    cluster_size: torch.Tensor,
+    embed_sum: torch.Tensor,
+    counter: torch.Tensor,
+    candidates: torch.Tensor,
+    *,
+    decay: float,
+    eps: float,
+    threshold: float | None,
+    programs: int | None = None,
+) -> torch.Tensor:
+    """The whole active-only update of stacked levels in one cooperative launch (see
+    ``fused_update_kernel``); state in place, returns the bool replaced mask (L, K).
+
+    x (L, B, D) and codes (L, B) contiguous, B ≥ 1; candidates (L, K) in [0, B). ``programs``
+    overrides the grid (tests run one program under the interpreter, where programs run one after
+    another and a grid barrier between several would never open).
+    """
+    levels, batch, dim = x.shape
+    num_codes = codebook.shape[1]
+    total = levels * num_codes
+    # One zero-fill for counts, sums and the barrier counter (int32 zeros are fp32 zeros).
+    scratch = torch.zeros(total * (dim + 1) + 1, device=x.device, dtype=torch.int32)
+    counts = scratch[:total].view(torch.float32)
+    sums = scratch[total : total * (dim + 1)].view(torch.float32)
+    barrier = scratch[total * (dim + 1) :]
+    replaced = torch.empty(levels, num_codes, device=x.device, dtype=torch.bool)
+    scatter_b, scatter_d = _scatter_blocks(dim)
+    block_k, block_d = _epilogue_blocks(dim)
+    work = max(triton.cdiv(batch, scatter_b) * levels, triton.cdiv(total, block_k))
+    if programs is None:
+        # Two resident programs per SM: enough loads in flight for the scatter, and the cooperative
+        # launch can always place them.
+        programs = min(work, 2 * device_facts(x.device).sm_count)
+    extra = {} if triton_interpreting() else {"launch_cooperative_grid": True}
+    fused_update_kernel[(programs,)](
+        x,
+        codes,
+        barrier,
+        codebook,
+        cluster_size,
+        embed_sum,
+        counter,
+        counts,
+        sums,
+        cluster_size,  # the decay-all total: unused here
+        x,
+        candidates,
+        replaced,
+        batch,
+        total,
+        num_codes,
+        dim,
+        float(decay),
+        float(eps),
+        float(threshold) if threshold is not None else 0.0,
+        1.0,  # active-only restarts start from one sample
+        False,
+        threshold is not None,
+        block_k,
+        block_d,
+        batch,
+        dim <= scatter_d,
+        scatter_b,
+        scatter_d,
+        num_warps=4,
+        **extra,
     )
     return replaced
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from triton_dispatch import common_device, uses_triton
+from triton_dispatch import common_device, select_backend, uses_triton
 
-from .._dispatch import backend_for
 from .._validation import require_float, require_tensor
-from .reference import METRICS, code_scores, quantize_reference
+from .reference import METRICS, quantize_reference
 
 __all__ = ["METRICS", "quantize"]
 
@@ -27,8 +26,9 @@ def _nearest_code_impl(
             x = x.contiguous()
         if cb.stride(-1) != 1:
             cb = cb.contiguous()
-        term = code_scores(cb, metric, torch.float32).contiguous()
-        return nearest_code(x, cb, term, metric)
+        # One launch for the per-code term; the kernel turns ‖c‖ into ‖c‖² or 1/‖c‖.
+        norms = torch.linalg.vector_norm(cb, dim=-1, dtype=torch.float32)
+        return nearest_code(x, cb, norms, metric)
     return quantize_reference(x, codebook.to(x.dtype), metric, 1)
 
 
@@ -60,8 +60,9 @@ def quantize(
 
     ``metric="l2"`` ranks by Euclidean distance, ``"cosine"`` by cosine similarity (largest first).
     Inputs may be fp32, fp16 or bf16 (fp64 runs the reference); the codebook is cast to ``x``'s
-    dtype for the products, which accumulate in fp32 (fp32 products are IEEE unless
-    ``torch.backends.cuda.matmul.allow_tf32`` is set, then TF32). Ties go
+    dtype for the products, which accumulate in fp32. On CUDA, fp32 products run on tensor cores
+    as three TF32 products (``tf32x3``, about fp32's own rounding error), or as plain TF32 when
+    ``torch.backends.cuda.matmul.allow_tf32`` is set. Ties go
     to the lowest index, as with ``torch.argmin``; codes whose distances differ by less than the
     rounding of the arithmetic may be ranked differently than a float64 computation would rank
     them. A row holding NaN maps to code 0.
@@ -87,7 +88,9 @@ def quantize(
     require_float("codebook", codebook)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= codebook.shape[0]:
         raise ValueError(f"k must be an int in [1, K={codebook.shape[0]}], got {k!r}")
-    chosen = backend_for(common_device([x, codebook], names=["x", "codebook"]), backend)
+    chosen = select_backend(
+        device=common_device([x, codebook], names=["x", "codebook"]), backend=backend
+    )
     lead = x.shape[:-1]
     flat = x.detach().reshape(-1, x.shape[-1])
     if k == 1:

@@ -1,12 +1,18 @@
 """Triton kernel of the nearest-code search: distance and argmin fused, never storing (B, K).
 
 Each program takes a tile of rows and a contiguous range of codes (a K split, so that small batches
-still fill the GPU); it walks the range in tiles of ``BLOCK_K`` codes, computes ``x·c`` with
-``tl.dot`` over ``D`` in fp32 accumulation, and keeps a running minimum and its index. A later tile
-replaces the running best only when strictly smaller, and ``tl.argmin`` breaks ties inside a tile
-to the left, so ties resolve to the lowest index as ``torch.argmin`` does. The splits' partial
-results (S, B) are merged on the host side by ``torch.argmin`` over S, which also prefers the
-lowest (earliest) split on ties.
+with large codebooks still fill the GPU); it walks the range in tiles of ``BLOCK_K`` codes, computes
+``x·c`` with ``tl.dot`` over ``D`` in fp32 accumulation, and keeps a running minimum and its index.
+A later tile replaces the running best only when strictly smaller, and ``tl.argmin`` breaks ties
+inside a tile to the left, so ties resolve to the lowest index as ``torch.argmin`` does. Identical
+codes get bitwise identical distances whatever the product precision (same operands, same
+accumulation order), so exact ties stay ties. With one split the kernel writes the int64 codes
+itself; with several, a small merge kernel walks the splits in order and keeps the first strict
+minimum, which again prefers the lowest index.
+
+fp32 inputs use three TF32 tensor-core products per tile (``tf32x3``: the operands split into a
+high and a low TF32 part, only the low × low term dropped), about fp32's own rounding at several
+times the speed of ``ieee`` FMA loops; plain ``tf32`` when the user allowed TF32 matmuls.
 """
 
 from __future__ import annotations
@@ -28,6 +34,11 @@ from triton_dispatch import (
 
 # Every BLOCK_K in the space divides this, so a split's code range is whole tiles.
 _MAX_BLOCK_K = 128
+# A K split below this many codes costs more in the merge than it gains in parallelism.
+_MIN_CODES_PER_SPLIT = 512
+COSINE_EPS: tl.constexpr = tl.constexpr(1e-12)
+# Tuned launch parameters per shape regime (the autotuner's own key, which it also caches).
+_TUNED: dict[tuple, dict] = {}
 
 
 def _smem(meta, num_stages, args):
@@ -50,7 +61,7 @@ def _smem(meta, num_stages, args):
             (warps == 8) == (kw["BLOCK_B"] * kw["BLOCK_K"] >= 128 * 128)
         ),
     ),
-    key=["B_BUCKET", "K_BUCKET", "D_PADDED", "SPLIT_BUCKET", "COSINE"],
+    key=["B_BUCKET", "K_BUCKET", "D_PADDED", "SPLIT_BUCKET", "COSINE", "PRECISION"],
     prune=prune_by_shared_memory(_smem),
     interpret_config=triton.Config({"BLOCK_B": 16, "BLOCK_K": 16, "BLOCK_D": 16}, num_warps=4),
 )
@@ -60,9 +71,10 @@ def _smem(meta, num_stages, args):
 def nearest_code_kernel(
     x_ptr,
     cb_ptr,
-    term_ptr,
+    norm_ptr,
     best_d_ptr,
     best_i_ptr,
+    codes_ptr,
     B,
     K,
     D,
@@ -76,6 +88,7 @@ def nearest_code_kernel(
     K_BUCKET,
     D_PADDED,
     SPLIT_BUCKET,
+    SPLIT: tl.constexpr,
     BLOCK_B: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -104,11 +117,12 @@ def nearest_code_kernel(
                 xt = xt.to(tl.float32)
                 ct = ct.to(tl.float32)
             acc = tl.dot(xt, tl.trans(ct), acc, input_precision=PRECISION)
-        term = tl.load(term_ptr + kk, mask=k_mask, other=0.0)
+        # ‖c‖ in fp32 from one norm launch; the per-code term follows reference.code_scores.
+        norm = tl.load(norm_ptr + kk, mask=k_mask, other=1.0)
         if COSINE:
-            dist = -acc * term[None, :]
+            dist = -acc * (1.0 / tl.maximum(norm, COSINE_EPS))[None, :]
         else:
-            dist = term[None, :] - 2.0 * acc
+            dist = (norm * norm)[None, :] - 2.0 * acc
         dist = tl.where(dist != dist, float("inf"), dist)
         dist = tl.where(k_mask[None, :], dist, float("inf"))
         tile_best = tl.min(dist, axis=1)
@@ -119,59 +133,91 @@ def nearest_code_kernel(
     # A split whose every distance is inf still reports its first code, so the merge sees a code
     # inside [0, K).
     best_idx = tl.where(best == float("inf"), k_start, best_idx)
-    out = split.to(tl.int64) * B + rows
-    tl.store(best_d_ptr + out, best, mask=row_mask)
-    tl.store(best_i_ptr + out, best_idx, mask=row_mask)
+    if SPLIT:
+        out = split.to(tl.int64) * B + rows
+        tl.store(best_d_ptr + out, best, mask=row_mask)
+        tl.store(best_i_ptr + out, best_idx, mask=row_mask)
+    else:
+        tl.store(codes_ptr + rows, best_idx.to(tl.int64), mask=row_mask)
+
+
+@triton.jit
+def merge_splits_kernel(best_d_ptr, best_i_ptr, codes_ptr, B, splits, BLOCK: tl.constexpr):
+    """codes[b] = best_i[s*, b] with s* the first split holding the strict minimum of best_d[:, b]:
+    splits cover increasing code ranges, so the first one wins ties (the lowest index)."""
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = rows < B
+    best = tl.full([BLOCK], float("inf"), tl.float32)
+    idx = tl.load(best_i_ptr + rows, mask=m, other=0)
+    for s in range(0, splits):
+        d = tl.load(best_d_ptr + s * B + rows, mask=m, other=float("inf"))
+        i = tl.load(best_i_ptr + s * B + rows, mask=m, other=0)
+        better = d < best
+        idx = tl.where(better, i, idx)
+        best = tl.where(better, d, best)
+    tl.store(codes_ptr + rows, idx.to(tl.int64), mask=m)
 
 
 def nearest_code(
     x: torch.Tensor,
     codebook: torch.Tensor,
-    term: torch.Tensor,
+    norms: torch.Tensor,
     metric: str,
     *,
     splits: int | None = None,
 ):
     """Nearest code per row (B,) int64. x (B, D) and codebook (K, D) of one dtype, unit stride on
-    D; term (K,) fp32 from ``reference.code_scores``. ``splits`` overrides the K split (tests)."""
+    D; norms (K,) fp32 ``‖c‖`` of the codebook as cast to x's dtype. ``splits`` overrides the K
+    split (tests)."""
     batch, dim = x.shape
     num_codes = codebook.shape[0]
     interpreting = interpreter_enabled()
-    # Enough programs to fill the device at small B: split K when B alone gives too few tiles.
-    row_tiles = triton.cdiv(batch, 16 if interpreting else 64)
-    target = 1 if interpreting else 2 * device_facts(x.device).sm_count
-    max_splits = triton.cdiv(num_codes, _MAX_BLOCK_K)
+    codes = torch.empty(batch, device=x.device, dtype=torch.int64)
     if splits is None:
-        splits = triton.cdiv(target, row_tiles)
-    splits = max(1, min(max_splits, splits))
+        # Split K only when the rows alone give too few programs *and* each split keeps enough
+        # codes to amortise the merge; small codebooks never split (one launch, no merge).
+        row_tiles = triton.cdiv(batch, 64)
+        target = 1 if interpreting else 2 * device_facts(x.device).sm_count
+        splits = min(triton.cdiv(target, row_tiles), triton.cdiv(num_codes, _MIN_CODES_PER_SPLIT))
+    splits = max(1, min(triton.cdiv(num_codes, _MAX_BLOCK_K), splits))
     per_split = triton.cdiv(triton.cdiv(num_codes, splits), _MAX_BLOCK_K) * _MAX_BLOCK_K
     splits = triton.cdiv(num_codes, per_split)
-    best_d = torch.empty(splits, batch, device=x.device, dtype=torch.float32)
-    best_i = torch.empty(splits, batch, device=x.device, dtype=torch.int32)
+    if splits > 1:
+        best_d = torch.empty(splits, batch, device=x.device, dtype=torch.float32)
+        best_i = torch.empty(splits, batch, device=x.device, dtype=torch.int32)
+    else:
+        best_d = best_i = codes  # unused
     upcast = interpreting or x.dtype == torch.float32
-    grid = lambda meta: (triton.cdiv(batch, meta["BLOCK_B"]), splits)
-    nearest_code_kernel[grid](
-        x,
-        codebook,
-        term,
-        best_d,
-        best_i,
-        batch,
-        num_codes,
-        dim,
-        per_split,
-        x.stride(0),
-        codebook.stride(0),
+    if interpreting or x.dtype != torch.float32:
+        precision = "ieee"  # bf16/fp16 products are exact in fp32 accumulation anyway
+    else:
+        precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
+    args = (x, codebook, norms, best_d, best_i, codes, batch, num_codes, dim, per_split)
+    args += (x.stride(0), codebook.stride(0))
+    regime = dict(
         COSINE=metric == "cosine",
         UPCAST=upcast,
-        # fp32 products follow torch's matmul flag: exact IEEE unless the user allowed TF32.
-        PRECISION="tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
+        PRECISION=precision,
         B_BUCKET=shape_bucket(batch, minimum=64, maximum=1 << 16),
         K_BUCKET=shape_bucket(num_codes, minimum=64, maximum=1 << 16),
         D_PADDED=padded_dim(dim),
         SPLIT_BUCKET=shape_bucket(splits),
+        SPLIT=splits > 1,
     )
-    if splits == 1:
-        return best_i[0].long()
-    which = torch.argmin(best_d, dim=0, keepdim=True)
-    return best_i.gather(0, which)[0].long()
+    key = (*regime.values(), x.dtype, x.device)
+    tuned = _TUNED.get(key)
+    if tuned is None:
+        grid = lambda meta: (triton.cdiv(batch, meta["BLOCK_B"]), splits)
+        nearest_code_kernel[grid](*args, **regime)
+        _TUNED[key] = nearest_code_kernel.best_config.all_kwargs()
+    else:
+        # A tuned regime launches the jitted kernel directly: the autotuner's per-call argument
+        # bookkeeping costs about as much host time as the launch itself.
+        grid = (triton.cdiv(batch, tuned["BLOCK_B"]), splits)
+        nearest_code_kernel.fn[grid](*args, **regime, **tuned)
+    if splits > 1:
+        block = 128 if interpreting else 1024
+        merge_splits_kernel[(triton.cdiv(batch, block),)](
+            best_d, best_i, codes, batch, splits, BLOCK=block, num_warps=4
+        )
+    return codes
