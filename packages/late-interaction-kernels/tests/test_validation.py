@@ -84,7 +84,7 @@ def test_unknown_backward_lists_valid_names(rng, device):
         maxsim(Q, D, backward="fast")
     assert resolve_backward(None, 1, 4, 8) == "lowmem"  # the 4-D layout
     assert resolve_backward("auto", 0, 2, 2) == "unified"
-    assert resolve_backward("auto", 0, 128, 128) == "lowmem"
+    assert resolve_backward("auto", 0, 256, 256) == "unified"  # measured: in-batch stays unified
 
 
 def test_normalize_must_be_bool(rng, device):

@@ -80,3 +80,18 @@ def test_custom_op_registrations_pass_opcheck(rng, device):
         torch.ops.tomo_kplanes.nearest_rotation.default, (m,),
         test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
     )
+
+
+def test_degenerate_reflections_still_give_rotations(device):
+    # repeated smallest singular values: the nearest rotation is not unique, but it must be one
+    cases = torch.stack([
+        torch.diag(torch.tensor([1.0, 1.0, -1.0])),
+        -torch.eye(3),
+        torch.diag(torch.tensor([2.0, -1.0, 1.0])),
+    ]).double().to(device)
+    r = nearest_rotation(cases, backend=KERNEL).cpu()
+    assert_close(torch.linalg.det(r), torch.ones(3, dtype=torch.float64))
+    assert_close(r @ r.transpose(-1, -2), torch.eye(3, dtype=torch.float64).expand(3, 3, 3))
+    # same distance to the input as the SVD answer
+    ref = nearest_rotation_reference(cases.cpu())
+    assert_close((r - cases.cpu()).norm(dim=(1, 2)), (ref - cases.cpu()).norm(dim=(1, 2)))

@@ -3,7 +3,6 @@ import torch
 
 from tomo_kplanes.ops import tilted_plane_features
 from tomo_kplanes.ops.tilted_plane_features import tilted_plane_features_reference
-from triton_dispatch import interpreter_enabled
 from triton_dispatch.testing import assert_close, assert_gradients_match
 
 

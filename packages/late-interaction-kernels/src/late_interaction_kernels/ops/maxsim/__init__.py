@@ -12,10 +12,12 @@ from .reference import compute_dtype
 
 BACKWARD_METHODS = ("auto", "unified", "lowmem")
 
-#: Provisional ``auto`` crossover (until measured on the GPU): all-pairs batches with at least this
-#: many (query, document) pairs have many query tokens colliding on each document token, where the
-#: atomics of ``unified`` contend and the destination-owned ``lowmem`` wins.
-AUTO_LOWMEM_MIN_PAIRS = 64 * 64
+#: All-pairs batches with at least this many (query, document) pairs go to ``lowmem`` under
+#: ``auto``; ``None``: never. Measured on an H100 (BENCHMARKS.md), ``unified`` beat ``lowmem`` on
+#: every in-batch square (128×128 and 256×256 pairs, Ld 300 and 1030) in time and in memory: the
+#: documents of an in-batch step are few, so its fp32 gradient buffer is small, while ``lowmem``'s
+#: sort of the argmax rows grows with the number of pairs.
+AUTO_LOWMEM_MIN_PAIRS: int | None = None
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -23,8 +25,9 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def resolve_backward(backward: str | None, layout: int, n_query: int, n_doc: int) -> str:
     """The backward method a call will use: ``"unified"`` or ``"lowmem"``.
 
-    ``None``/``"auto"`` picks ``lowmem`` for the 4-D (query × its own K documents) layout and for
-    large in-batch squares (:data:`AUTO_LOWMEM_MIN_PAIRS`), ``unified`` otherwise.
+    ``None``/``"auto"`` picks ``lowmem`` for the 4-D (query × its own K documents) layout, where
+    every document has its own rows and ``unified``'s fp32 buffer is as large as the documents
+    themselves, and ``unified`` for the other layouts (see :data:`AUTO_LOWMEM_MIN_PAIRS`).
     """
     method = "auto" if backward is None else backward
     if not isinstance(method, str) or method not in BACKWARD_METHODS:
@@ -36,7 +39,11 @@ def resolve_backward(backward: str | None, layout: int, n_query: int, n_doc: int
         return method
     if layout == GROUPED:
         return "lowmem"
-    if layout == ALL_PAIRS and n_query * n_doc >= AUTO_LOWMEM_MIN_PAIRS:
+    if (
+        layout == ALL_PAIRS
+        and AUTO_LOWMEM_MIN_PAIRS is not None
+        and n_query * n_doc >= AUTO_LOWMEM_MIN_PAIRS
+    ):
         return "lowmem"
     return "unified"
 

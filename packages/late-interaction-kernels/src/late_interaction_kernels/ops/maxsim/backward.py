@@ -237,11 +237,10 @@ def maxsim_grad_d_owner_kernel(
 def invert_argmax(argmax: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
     """CSR inverse of the argmax rows: ``order`` lists (pair, token) slots sorted by the document
     row they point at (stable, so the order is fixed), ``offsets[r]:offsets[r+1]`` are row ``r``'s.
-    Slots without a winner sort past the last row. No host synchronisation."""
-    target = argmax.reshape(-1).to(torch.int64)
-    target = torch.where(target < 0, torch.full_like(target, n_rows), target)
-    sorted_target, order = torch.sort(target, stable=True)
-    rows = torch.arange(n_rows + 1, device=argmax.device, dtype=torch.int64)
+    Slots without a winner (-1) sort before row 0 and belong to no row. Three device ops, no host
+    synchronisation (each op costs host time comparable to the kernels at training sizes)."""
+    sorted_target, order = torch.sort(argmax.reshape(-1), stable=True)
+    rows = torch.arange(n_rows + 1, device=argmax.device, dtype=sorted_target.dtype)
     offsets = torch.searchsorted(sorted_target, rows)
     return order, offsets
 

@@ -46,11 +46,12 @@ def _fwd_smem(kw, num_stages, args) -> int:
 
 
 def prune_query_blocks(configs, named_args, **kwargs):
-    """Keep query blocks between half the query regime and the regime itself (a 32-token query
-    gains nothing from a 128-row block), capped at 128 rows."""
+    """A query of up to 128 tokens is one block of its padded length (a 32-token query gains
+    nothing from a 128-row block and loses from a 16-row one: the document would be read twice);
+    128-token chunks of long queries try 64- and 128-row blocks."""
     lq = {**named_args, **kwargs}["LQ_BUCKET"]
     hi = min(max(lq, 16), 128)
-    lo = max(16, min(lq, 128) // 2)
+    lo = hi if hi < 128 else 64
     return [c for c in configs if lo <= c.kwargs["BLOCK_Q"] <= hi] or configs
 
 
@@ -60,12 +61,21 @@ def _prune_fwd(configs, named_args, **kwargs):
     )
 
 
+def _forward_config_ok(kw, warps, stages) -> bool:
+    # from an H100 sweep: 8 warps only pay on large tiles, 4 warps cannot hold a 128×128 one, and
+    # 64/128-row blocks (compute-bound long queries) want deep pipelines
+    tile = kw["BLOCK_Q"] * kw["BLOCK_D"]
+    if (tile >= 128 * 128 and warps < 8) or (tile <= 32 * 64 and warps == 8):
+        return False
+    return not (kw["BLOCK_Q"] >= 64 and stages == 2)
+
+
 _FWD_CONFIGS = tuning_space(
     config_space(
-        {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [64, 128]},
+        {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [32, 64, 128]},
         num_warps=[4, 8],
-        num_stages=[2, 3],
-        where=lambda kw, w, s: not (kw["BLOCK_Q"] * kw["BLOCK_D"] >= 128 * 128 and w < 8),
+        num_stages=[2, 3, 4],
+        where=_forward_config_ok,
     ),
     triton.Config({"BLOCK_Q": 32, "BLOCK_D": 64}, num_warps=4, num_stages=3),
 )
@@ -232,10 +242,9 @@ def _prune_group(configs, named_args, **kwargs):
 
 _GROUP_CONFIGS = tuning_space(
     config_space(
-        {"BLOCK_Q": [64, 128], "BLOCK_D": [64, 128]},
+        {"BLOCK_Q": [64, 128], "BLOCK_D": [64]},
         num_warps=[4, 8],
-        num_stages=[3, 4],
-        where=lambda kw, w, s: not (kw["BLOCK_Q"] * kw["BLOCK_D"] >= 128 * 128 and w < 8),
+        num_stages=[2, 3],
     ),
     triton.Config({"BLOCK_Q": 64, "BLOCK_D": 64}, num_warps=4, num_stages=3),
 )

@@ -83,6 +83,16 @@ def maxsim_backward_op(
     normalize: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(grad_Q2, grad_D2)``; an unneeded gradient comes back as an empty ``(0,)`` tensor."""
+    return _backward_impl(
+        grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method, need_q, need_d,
+        normalize,
+    )  # fmt: skip
+
+
+def _backward_impl(
+    grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method, need_q, need_d,
+    normalize,
+):  # fmt: skip
     if backend == "torch":
         gq, gd = backward_torch(
             grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, normalize=normalize
@@ -133,16 +143,45 @@ def _backward(ctx, grad_scores, _grad_argmax):
 maxsim_forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def maxsim_forward(*args) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`maxsim_forward_op`, called directly when nothing needs it to be an op.
+class _EagerMaxSim(torch.autograd.Function):
+    """The same forward and backward as the registered ops, for eager calls: a custom op's
+    dispatch (autograd wrapper, a dynamo-disabled kernel per op) costs hundreds of microseconds
+    of host time per training step, more than the kernels of a typical in-batch step."""
 
-    An eager call that saves no argmax (inference) has no autograd or graph to join, and the custom
-    op's dispatch costs tens of microseconds, as much as the kernel at small shapes; under
-    ``torch.compile`` or with gradients the registered op runs.
-    """
-    save_argmax, backend = args[11], args[12]
-    if save_argmax or torch.compiler.is_compiling():
+    @staticmethod
+    def forward(ctx, *args):
+        (Q2, D2, _, _, cu_q, _, layout, n_query, n_doc, lq, _, save_argmax, backend, method,
+         normalize) = args  # fmt: skip
+        scores, argmax = _forward_impl(*args)
+        ctx.mark_non_differentiable(argmax)
+        ctx.save_for_backward(Q2, D2, argmax, cu_q)
+        ctx.meta = (layout, n_query, n_doc, lq, save_argmax, backend, method, normalize)
+        return scores, argmax
+
+    @staticmethod
+    def backward(ctx, grad_scores, _grad_argmax):
+        Q2, D2, argmax, cu_q = ctx.saved_tensors
+        layout, n_query, n_doc, lq, _, backend, method, normalize = ctx.meta
+        need_q, need_d = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        gq, gd = _backward_impl(
+            grad_scores, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method,
+            need_q, need_d, normalize,
+        )  # fmt: skip
+        return (gq if need_q else None, gd if need_d else None) + (None,) * 13
+
+
+def _forward_impl(*args) -> tuple[torch.Tensor, torch.Tensor]:
+    backend, normalize = args[12], args[14]
+    inputs = (*args[:12], normalize)
+    return forward_torch(*inputs) if backend == "torch" else _triton_forward(*inputs)
+
+
+def maxsim_forward(*args) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`maxsim_forward_op` under ``torch.compile``; the same computation without the
+    custom-op machinery in eager mode (an autograd function when gradients are needed, a direct
+    call for inference), whose dispatch costs as much as the kernels at small shapes."""
+    if torch.compiler.is_compiling():
         return maxsim_forward_op(*args)
-    return forward_torch(*args[:12], args[14]) if backend == "torch" else _triton_forward(
-        *args[:12], args[14]
-    )
+    if args[11]:  # save_argmax: gradients are needed
+        return _EagerMaxSim.apply(*args)
+    return _forward_impl(*args)

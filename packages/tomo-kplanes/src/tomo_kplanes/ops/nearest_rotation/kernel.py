@@ -3,8 +3,8 @@
 Forward: scaled Newton iteration for the orthogonal polar factor ``Q`` of ``M``
 (``X ← (γX + X⁻ᵀ/γ) / 2``, ``X⁻ᵀ`` from cofactors), which converges quadratically from any
 non-singular start. Where ``det M < 0``, ``Q`` is a reflection; the nearest rotation is then
-``Q (I − 2 v vᵀ)`` with ``v`` the eigenvector of ``H = Qᵀ M`` of smallest eigenvalue, which is the
-dominant eigenvector of ``adj(H)`` (found by repeated squaring). The kernel also writes the
+``Q (I − 2 v vᵀ)`` with ``v`` the eigenvector of ``H = Qᵀ M`` of smallest eigenvalue (Newton on
+the characteristic polynomial, then a cross product of two rows of ``H − λI``). The kernel also writes the
 symmetric factor ``Hs = sym(Rᵀ M)`` that the backward needs.
 
 Backward: with ``K = tr(Hs) I − Hs`` and ``c = K⁻¹ vee(Rᵀ G − Gᵀ R)``, the gradient is
@@ -22,7 +22,7 @@ import triton.language as tl
 from triton_dispatch import next_power_of_2
 
 _NEWTON_STEPS = 12
-_SQUARINGS = 6
+_EIGEN_STEPS = 40
 
 
 @triton.jit
@@ -87,7 +87,7 @@ def _store9(ptr, offs, mask, a00, a01, a02, a10, a11, a12, a20, a21, a22):
 @triton.jit
 def _forward_kernel(
     m_ptr, r_ptr, h_ptr, T, stride_t, stride_i, stride_j,
-    BLOCK_T: tl.constexpr, NEWTON_STEPS: tl.constexpr, SQUARINGS: tl.constexpr,
+    BLOCK_T: tl.constexpr, NEWTON_STEPS: tl.constexpr, EIGEN_STEPS: tl.constexpr,
 ):
     offs = tl.arange(0, BLOCK_T)
     mask = offs < T
@@ -118,25 +118,57 @@ def _forward_kernel(
     h01 = 0.5 * (h01 + h10)
     h02 = 0.5 * (h02 + h20)
     h12 = 0.5 * (h12 + h21)
-    # dominant eigenvector of adj(H) = smallest of H: square the (normalised) adjugate repeatedly
-    a00, a01, a02, _a10, a11, a12, _a20, _a21, a22, _det = _cofactors(
-        h00, h01, h02, h01, h11, h12, h02, h12, h22
+    # smallest eigenvalue of H: Newton on the characteristic polynomial p from a Gershgorin lower
+    # bound. p is increasing and concave left of its smallest root, so the steps never overshoot.
+    c2 = h00 + h11 + h22
+    c1 = h00 * h11 - h01 * h01 + h00 * h22 - h02 * h02 + h11 * h22 - h12 * h12
+    c0 = h00 * (h11 * h22 - h12 * h12) - h01 * (h01 * h22 - h12 * h02) + h02 * (h01 * h12 - h11 * h02)
+    lam = tl.minimum(
+        tl.minimum(h00 - tl.abs(h01) - tl.abs(h02), h11 - tl.abs(h01) - tl.abs(h12)),
+        h22 - tl.abs(h02) - tl.abs(h12),
     )
-    for _ in tl.static_range(SQUARINGS):
-        scale = 1.0 / (tl.abs(a00) + tl.abs(a11) + tl.abs(a22) + tiny)
-        a00, a01, a02, a11, a12, a22 = a00 * scale, a01 * scale, a02 * scale, a11 * scale, a12 * scale, a22 * scale
-        b00, b01, b02, _b10, b11, b12, _b20, _b21, b22 = _matmul(
-            a00, a01, a02, a01, a11, a12, a02, a12, a22, a00, a01, a02, a01, a11, a12, a02, a12, a22
-        )
-        a00, a01, a02, a11, a12, a22 = b00, b01, b02, b11, b12, b22
-    n0 = a00 * a00 + a01 * a01 + a02 * a02
-    n1 = a01 * a01 + a11 * a11 + a12 * a12
-    n2 = a02 * a02 + a12 * a12 + a22 * a22
+    for _ in tl.static_range(EIGEN_STEPS):
+        p = ((lam - c2) * lam + c1) * lam - c0
+        dp = (3.0 * lam - 2.0 * c2) * lam + c1
+        lam = tl.where(dp > 0, lam - p / tl.where(dp > 0, dp, 1.0), lam)
+    # its eigenvector: the longest cross product of two rows of H − λI
+    d00, d11, d22 = h00 - lam, h11 - lam, h22 - lam
+    x01_0, x01_1, x01_2 = h01 * h12 - h02 * d11, h02 * h01 - d00 * h12, d00 * d11 - h01 * h01
+    x02_0, x02_1, x02_2 = h01 * d22 - h02 * h12, h02 * h02 - d00 * d22, d00 * h12 - h01 * h02
+    x12_0, x12_1, x12_2 = d11 * d22 - h12 * h12, h12 * h02 - h01 * d22, h01 * h12 - d11 * h02
+    n0 = x01_0 * x01_0 + x01_1 * x01_1 + x01_2 * x01_2
+    n1 = x02_0 * x02_0 + x02_1 * x02_1 + x02_2 * x02_2
+    n2 = x12_0 * x12_0 + x12_1 * x12_1 + x12_2 * x12_2
     use0 = (n0 >= n1) & (n0 >= n2)
     use1 = (~use0) & (n1 >= n2)
-    v0 = tl.where(use0, a00, tl.where(use1, a01, a02))
-    v1 = tl.where(use0, a01, tl.where(use1, a11, a12))
-    v2 = tl.where(use0, a02, tl.where(use1, a12, a22))
+    v0 = tl.where(use0, x01_0, tl.where(use1, x02_0, x12_0))
+    v1 = tl.where(use0, x01_1, tl.where(use1, x02_1, x12_1))
+    v2 = tl.where(use0, x01_2, tl.where(use1, x02_2, x12_2))
+    # a repeated smallest eigenvalue (e.g. M a pure reflection) leaves H − λI of rank ≤ 1 and every
+    # cross product ~0; any unit vector of the eigenspace is then a nearest answer: one orthogonal
+    # to the largest row, or e_z when H − λI vanishes
+    hn2 = h00 * h00 + h11 * h11 + h22 * h22 + 2.0 * (h01 * h01 + h02 * h02 + h12 * h12)
+    m0 = d00 * d00 + h01 * h01 + h02 * h02
+    m1 = h01 * h01 + d11 * d11 + h12 * h12
+    m2 = h02 * h02 + h12 * h12 + d22 * d22
+    row0 = (m0 >= m1) & (m0 >= m2)
+    row1 = (~row0) & (m1 >= m2)
+    s0 = tl.where(row0, d00, tl.where(row1, h01, h02))
+    s1 = tl.where(row0, h01, tl.where(row1, d11, h12))
+    s2 = tl.where(row0, h02, tl.where(row1, h12, d22))
+    ax0 = (tl.abs(s0) <= tl.abs(s1)) & (tl.abs(s0) <= tl.abs(s2))
+    ax1 = (~ax0) & (tl.abs(s1) <= tl.abs(s2))
+    f0 = tl.where(ax0, 0.0, tl.where(ax1, -s2, s1))
+    f1 = tl.where(ax0, s2, tl.where(ax1, 0.0, -s0))
+    f2 = tl.where(ax0, -s1, tl.where(ax1, s0, 0.0))
+    flat = tl.maximum(tl.maximum(m0, m1), m2) <= 1e-12 * hn2
+    f0 = tl.where(flat, 0.0, f0)
+    f1 = tl.where(flat, 0.0, f1)
+    f2 = tl.where(flat, 1.0, f2)
+    degenerate = tl.maximum(tl.maximum(n0, n1), n2) <= 1e-12 * hn2 * hn2
+    v0 = tl.where(degenerate, f0, v0)
+    v1 = tl.where(degenerate, f1, v1)
+    v2 = tl.where(degenerate, f2, v2)
     inv = 1.0 / tl.sqrt(v0 * v0 + v1 * v1 + v2 * v2 + tiny)
     _c, _c, _c, _c, _c, _c, _c, _c, _c, det_m = _cofactors(m00, m01, m02, m10, m11, m12, m20, m21, m22)
     # only reflections get the Householder flip (w = 0 leaves Q as it is)
@@ -170,7 +202,7 @@ def _backward_kernel(
     r00, r01, r02, r10, r11, r12, r20, r21, r22 = _load9(r_ptr, offs, mask, 9, 3, 1)
     h00, h01, h02, _h10, h11, h12, _h20, _h21, h22 = _load9(h_ptr, offs, mask, 9, 3, 1)
     # B = Rᵀ G; b = vee(B − Bᵀ) = (B21 − B12, B02 − B20, B10 − B01)
-    b00, b01, b02, b10, b11, b12, b20, b21, b22 = _matmul(
+    _b00, b01, b02, b10, _b11, b12, b20, b21, _b22 = _matmul(
         r00, r10, r20, r01, r11, r21, r02, r12, r22, g00, g01, g02, g10, g11, g12, g20, g21, g22
     )
     e0 = b21 - b12
@@ -203,7 +235,7 @@ def nearest_rotation_triton(matrices: torch.Tensor) -> tuple[torch.Tensor, torch
         return rot, sym
     _forward_kernel[(1,)](
         matrices, rot, sym, t, *matrices.stride(),
-        BLOCK_T=max(next_power_of_2(t), 2), NEWTON_STEPS=_NEWTON_STEPS, SQUARINGS=_SQUARINGS,
+        BLOCK_T=max(next_power_of_2(t), 2), NEWTON_STEPS=_NEWTON_STEPS, EIGEN_STEPS=_EIGEN_STEPS,
         num_warps=1,
     )
     return rot, sym

@@ -593,12 +593,17 @@ def fused_update(
     scatter_b, scatter_d = _scatter_blocks(dim)
     block_k, block_d = _epilogue_blocks(dim)
     work = max(triton.cdiv(batch, scatter_b) * levels, triton.cdiv(total, block_k))
+    interpreting = triton_interpreting()
+    regime = (x.device, x.dtype, codes.dtype, codebook.dtype, counter.dtype, scatter_b, scatter_d)
+    regime += (block_d, threshold is not None)
     if programs is None:
-        # Two resident programs per SM: enough loads in flight for the scatter, and the cooperative
-        # launch can always place them.
-        programs = min(work, 2 * device_facts(x.device).sm_count)
-    extra = {} if triton_interpreting() else {"launch_cooperative_grid": True}
-    fused_update_kernel[(programs,)](
+        # As many programs as the SMs hold at once (known once the kernel is compiled: registers
+        # bound it; two per SM until then, which always fit), so the scatter has enough loads and
+        # atomics in flight. A cooperative launch fails rather than hangs if they would not fit.
+        per_sm = _RESIDENT_PER_SM.get(regime, 2)
+        programs = min(work, per_sm * device_facts(x.device).sm_count)
+    extra = {} if interpreting else {"launch_cooperative_grid": True}
+    compiled = fused_update_kernel[(programs,)](
         x,
         codes,
         barrier,
@@ -628,10 +633,29 @@ def fused_update(
         dim <= scatter_d,
         scatter_b,
         scatter_d,
-        num_warps=4,
+        num_warps=_FUSED_WARPS,
         **extra,
     )
+    if not interpreting and regime not in _RESIDENT_PER_SM:
+        _RESIDENT_PER_SM[regime] = _resident_programs(compiled, _FUSED_WARPS)
     return replaced
+
+
+_FUSED_WARPS = 4
+_RESIDENT_PER_SM: dict[tuple, int] = {}
+
+
+def _resident_programs(compiled, num_warps: int) -> int:
+    """Programs of ``compiled`` one SM holds at once (registers, threads, shared memory), capped
+    at 8 and at least 1; Hopper-class limits (64K registers, 2048 threads, 32 blocks per SM)."""
+    threads = 32 * num_warps
+    # Registers are granted per warp in blocks of 256 (per thread in steps of 8).
+    regs = max(int(getattr(compiled, "n_regs", 0) or 0), 1)
+    per_warp = -(-(-(-regs // 8) * 8 * 32) // 256) * 256
+    by_regs = 65536 // (per_warp * num_warps)
+    shared = int(getattr(compiled.metadata, "shared", 0) or 0)
+    by_shared = (227 * 1024) // shared if shared else 32
+    return max(1, min(8, by_regs, 2048 // threads, by_shared))
 
 
 def triton_interpreting() -> bool:
