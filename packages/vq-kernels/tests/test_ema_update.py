@@ -312,14 +312,19 @@ def test_bad_codes_are_rejected(rng):
         assert torch.equal(a, b)
 
 
-def test_out_of_range_codes_without_check_are_ignored(rng):
+def test_out_of_range_codes_without_check_are_ignored(rng, device):
+    """With the check off — and on CUDA by default, where it would sync — out-of-range codes take
+    no part in the update."""
     x, codes, state = _args(rng)
+    x, codes, state = x.to(device), codes.to(device), [t.to(device) for t in state]
     bad = codes.clone()
     bad[0] = 99
+    bad[1] = -3
     st = [t.clone() for t in state]
-    ema_update_(x, bad, *st, check_codes=False, dead_threshold=None)
+    check = None if device == "cuda" else False
+    ema_update_(x, bad, *st, check_codes=check, dead_threshold=None)
     want = [t.clone() for t in state]
-    ema_update_(x[1:], codes[1:], *want, dead_threshold=None)
+    ema_update_(x[2:], codes[2:], *want, dead_threshold=None)
     for a, b in zip(st, want):
         torch.testing.assert_close(a, b)
 

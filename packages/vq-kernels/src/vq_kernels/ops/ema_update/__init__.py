@@ -298,6 +298,9 @@ def ema_update_(
             bounds). ``True`` checks on every device (not under CUDA graphs), ``False`` never.
         backend: ``"auto"``/``None``, ``"triton"``, ``"interpret"`` or ``"torch"``.
 
+    On CUDA, ``active_only`` without ``process_group`` and without ``deterministic`` runs steps
+    1, 3 and 4 in a single cooperative kernel launch.
+
     Returns:
         bool ``(K,) / (L, K)``: the codes restarted by this step (on the device; no sync).
 

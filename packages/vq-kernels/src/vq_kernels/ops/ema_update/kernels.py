@@ -9,6 +9,12 @@ all-reduce between them:
 * epilogue: one program per block of codes does the EMA blend, the codebook refresh, the counter
   and the dead-code restart, reading each code's state once.
 
+On CUDA the common case (active-only, no process group, atomics allowed) runs both phases in one
+cooperative launch, ``fused_update_kernel``, whose persistent programs meet at a grid-wide barrier
+between them: a training-size update is mostly launch overhead, and this halves the launches.
+The phase bodies are shared ``@triton.jit`` helpers, so the interpreter tests them through the
+two-kernel path as well as through the fused kernel run by a single program.
+
 All state is fp32; ``x`` may be fp32, fp16 or bf16 and is upcast on load.
 """
 
