@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -21,6 +22,7 @@ def _plane_tv_eager(p: torch.Tensor) -> torch.Tensor:
     return (p[..., 1:, :] - p[..., :-1, :]).square().mean() + (p[..., :, 1:] - p[..., :, :-1]).square().mean()
 
 
+#: None: not built yet; False: compiling failed once, stay eager.
 _plane_tv_compiled = None
 
 
@@ -29,11 +31,16 @@ def _plane_tv_of(p: torch.Tensor) -> torch.Tensor:
     # backwards, accumulations); compiled on CUDA it is one reduction forward and one pointwise
     # backward. On the host the eager form avoids needing a C++ compiler.
     global _plane_tv_compiled
-    if not p.is_cuda:
+    if not p.is_cuda or _plane_tv_compiled is False:
         return _plane_tv_eager(p)
     if _plane_tv_compiled is None:
         _plane_tv_compiled = torch.compile(_plane_tv_eager, fullgraph=True, dynamic=False)
-    return _plane_tv_compiled(p)
+    try:
+        return _plane_tv_compiled(p)
+    except Exception as exc:  # no working compiler toolchain: the eager form is the same maths
+        warnings.warn(f"plane TV runs eagerly: torch.compile failed ({type(exc).__name__})", stacklevel=2)
+        _plane_tv_compiled = False
+        return _plane_tv_eager(p)
 
 
 _ACTIVATIONS = {"softplus": softplus_shifted, "relu": F.relu, "identity": lambda x: x}

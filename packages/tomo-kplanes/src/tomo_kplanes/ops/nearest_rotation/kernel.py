@@ -94,7 +94,7 @@ def _forward_kernel(
     m00, m01, m02, m10, m11, m12, m20, m21, m22 = _load9(m_ptr, offs, mask, stride_t, stride_i, stride_j)
     tiny = 1e-30
     x00, x01, x02, x10, x11, x12, x20, x21, x22 = m00, m01, m02, m10, m11, m12, m20, m21, m22
-    for _ in tl.static_range(NEWTON_STEPS):
+    for _ in range(NEWTON_STEPS):  # a real loop: unrolled, it compiles for seconds
         c00, c01, c02, c10, c11, c12, c20, c21, c22, det = _cofactors(
             x00, x01, x02, x10, x11, x12, x20, x21, x22
         )
@@ -127,7 +127,7 @@ def _forward_kernel(
         tl.minimum(h00 - tl.abs(h01) - tl.abs(h02), h11 - tl.abs(h01) - tl.abs(h12)),
         h22 - tl.abs(h02) - tl.abs(h12),
     )
-    for _ in tl.static_range(EIGEN_STEPS):
+    for _ in range(EIGEN_STEPS):
         p = ((lam - c2) * lam + c1) * lam - c0
         dp = (3.0 * lam - 2.0 * c2) * lam + c1
         lam = tl.where(dp > 0, lam - p / tl.where(dp > 0, dp, 1.0), lam)
