@@ -82,17 +82,9 @@ def _check_mask(name: str, mask, shape: tuple[int, ...]) -> torch.Tensor | None:
     return mask.contiguous()
 
 
-@torch.compiler.assume_constant_result
-def _backend_on(device_type: str, backend: str | None) -> str:
-    # a pure function of settings that torch.compile evaluates once at trace time (select_backend
-    # looks up the triton package and environment, which dynamo does not trace)
-    chosen = select_backend(device=torch.device(device_type), backend=backend)
-    return "triton" if uses_triton(chosen) else "torch"
-
-
 def _backend_for(tensors, names, backend: str | None) -> str:
     device = common_device(tensors, names=names)
-    chosen = _backend_on(device.type, backend)
+    chosen = "triton" if uses_triton(select_backend(device=device, backend=backend)) else "torch"
     # float64 has no Triton dot worth having: the reference path computes it exactly
     return "torch" if tensors[0].dtype == torch.float64 else chosen
 

@@ -39,15 +39,10 @@ def nearest_rotation(matrices: torch.Tensor, *, backend: str | None = None) -> t
         raise ValueError(f"matrices must have shape (..., 3, 3), got {tuple(matrices.shape)}")
     device = common_device((matrices,), names=("matrices",))
     flat = matrices.reshape(-1, 3, 3)
-    if not uses_triton(_choose_backend(str(device), backend)):
+    if not uses_triton(select_backend(device=device, backend=backend)):
         return nearest_rotation_reference(flat).reshape(matrices.shape)
     rot, _sym = torch.ops.tomo_kplanes.nearest_rotation(flat)
     return rot.reshape(matrices.shape)
-
-
-@torch._dynamo.assume_constant_result
-def _choose_backend(device: str, backend: str | None) -> str:
-    return select_backend(device=torch.device(device), backend=backend)
 
 
 @torch.library.custom_op("tomo_kplanes::nearest_rotation", mutates_args=())

@@ -89,17 +89,10 @@ def tilted_plane_features(
     """
     _validate(points, rotations, planes)
     device = common_device((points, rotations, planes), names=("points", "rotations", "planes"))
-    chosen = _choose_backend(str(device), backend)
+    chosen = select_backend(device=device, backend=backend)
     if not uses_triton(chosen):
         return tilted_plane_features_reference(points, rotations, planes)
     return _fused(points, rotations, planes)
-
-
-@torch._dynamo.assume_constant_result
-def _choose_backend(device: str, backend: str | None) -> str:
-    # select_backend reads the environment and probes for triton, which dynamo cannot trace; the
-    # choice depends only on the device and settings, so a traced graph can take it as a constant.
-    return select_backend(device=torch.device(device), backend=backend)
 
 
 def _fused(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
