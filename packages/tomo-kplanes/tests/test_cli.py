@@ -41,7 +41,11 @@ def test_reconstruct_from_files(tmp_path):
 
 
 @pytest.mark.gpu
-def test_fused_training_step_on_cuda_matches_the_grid_sample_step():
+def test_fused_training_step_on_cuda_matches_the_float64_step():
+    """Gradients of a full reconstruction loss (folded taps, plane TV) from the fused fp32 path
+    against the grid_sample path in float64. The rotation gradient is a small sum of large
+    cancelling terms: fp32 grid_sample itself is ~4e-3 off there, so the fused path is held to
+    1e-3 and to no worse than fp32 grid_sample."""
     from tomo_kplanes.geometry import TiltGeometry, tilt_range
     from tomo_kplanes.model import KPlanesTilted
     from tomo_kplanes.objective import (
@@ -51,21 +55,28 @@ def test_fused_training_step_on_cuda_matches_the_grid_sample_step():
         reconstruction_loss,
     )
 
-    grads = []
-    for backend in (None, "torch"):
+    def gradients(backend, dtype):
         g = torch.Generator().manual_seed(0)
-        obj = TomographyObject(KPlanesTilted(64, 16, rotations=4, backend=backend, generator=g)).cuda()
+        field = KPlanesTilted(64, 16, rotations=4, backend=backend, generator=g)
+        obj = TomographyObject(field).cuda().to(dtype)
         geo = TiltGeometry(tilt_range(60, 2), (64, 64)).to("cuda")
         pts, steps = geo.rays(torch.arange(0, 64 * 64 * 61, 997, device="cuda"), 64)
-        taps = obj.sample_tv_tap_coords(2000, generator=torch.Generator().manual_seed(1), device="cpu").cuda()
-        ctx = ReconstructionContext(tv_tap_points=taps)
-        loss, _ = reconstruction_loss(obj, pts, steps, torch.rand(steps.shape, generator=g).cuda(),
+        taps = obj.sample_tv_tap_coords(2000, generator=torch.Generator().manual_seed(1), device="cpu")
+        ctx = ReconstructionContext(tv_tap_points=taps.cuda().to(dtype))
+        target = torch.rand(steps.shape, generator=g).cuda().to(dtype)
+        loss, _ = reconstruction_loss(obj, pts.to(dtype), steps.to(dtype), target,
                                       LossWeights(1e-3, 1e-4), ctx)
         loss.backward()
-        grads.append({n: p.grad.double() for n, p in obj.named_parameters()})
-    for name, g_fused in grads[0].items():
-        rel = (g_fused - grads[1][name]).norm() / grads[1][name].norm()
-        assert rel < 1e-3, name
+        return {n: p.grad.double() for n, p in obj.named_parameters()}
+
+    exact = gradients("torch", torch.float64)
+    fused = gradients(None, torch.float32)
+    plain = gradients("torch", torch.float32)
+    for name, g_exact in exact.items():
+        err_fused = ((fused[name] - g_exact).norm() / g_exact.norm()).item()
+        err_plain = ((plain[name] - g_exact).norm() / g_exact.norm()).item()
+        assert err_fused < 1e-3, (name, err_fused)
+        assert err_fused <= 2 * err_plain + 1e-6, (name, err_fused, err_plain)
 
 
 @pytest.mark.gpu
