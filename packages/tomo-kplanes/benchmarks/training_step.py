@@ -3,13 +3,15 @@ C=32, one scale, linear decoder, 1024 rays × 200 samples, volume TV on 10,000 p
 Cases: the PyTorch grid_sample path and the fused op, each with two model calls (main batch, then
 taps) and with the taps folded into one call. Peak memory of each. Both paths share everything but
 the plane interpolation and the rotation projection (SVD for the PyTorch path, the Triton kernel
-for the fused one): fused Adam on CUDA and the compiled plane TV."""
+for the fused one): fused Adam on CUDA and the compiled plane TV. On CUDA a last case replays the
+fused folded step as one CUDA graph (``CapturedStep``, what ``reconstruct(cuda_graph=True)`` runs)."""
 
 from __future__ import annotations
 
 import torch
 
 from tomo_kplanes.geometry import TiltGeometry, tilt_range
+from tomo_kplanes.graphed import CapturedStep, prepare_optimizer_for_capture
 from tomo_kplanes.model import KPlanesTilted
 from tomo_kplanes.objective import (
     LossWeights,
@@ -20,7 +22,9 @@ from tomo_kplanes.objective import (
 from triton_dispatch.bench import benchmark_arguments, compare, report
 
 
-def make_step(res, channels, rotations, rays, samples, tv_points, *, fused, fold, device):
+def make_step(
+    res, channels, rotations, rays, samples, tv_points, *, fused, fold, device, graph=False
+):
     g = torch.Generator().manual_seed(0)
     field = KPlanesTilted(
         res, channels, rotations=rotations, backend=None if fused else "torch",
@@ -44,8 +48,13 @@ def make_step(res, channels, rotations, rays, samples, tv_points, *, fused, fold
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        return loss.detach()
 
-    return step
+    if not graph:
+        return step
+    # (the SVD of the grid_sample path synchronises with the host, which capture forbids)
+    prepare_optimizer_for_capture(opt)
+    return CapturedStep(step, generators=[gen])
 
 
 def main() -> None:
@@ -74,6 +83,15 @@ def main() -> None:
             baseline_name="grid_sample, two calls", device=device,
         )
     )
+    if device.type == "cuda":
+        records.append(
+            compare(
+                "train step, folded taps, CUDA graph", shape,
+                ours=make_step(*cfg, fused=True, fold=True, device=device, graph=True),
+                baseline=make_step(*cfg, fused=False, fold=True, device=device),
+                baseline_name="grid_sample, folded taps", device=device,
+            )
+        )
     report(records, args.out, meta={"script": "training_step.py", "quick": args.quick, "target_ms_h100": 2.5})
 
 

@@ -3,6 +3,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from .geometry import TiltGeometry, project_volume, tilt_range
+from .graphed import CapturedStep, prepare_optimizer_for_capture
 from .metrics import psnr, ssim
 from .model import KPlanes, KPlanesTilted
 from .objective import (
@@ -24,6 +25,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0"
 
 __all__ = [
+    "CapturedStep",
     "DensityConstraints",
     "KPlanes",
     "KPlanesTilted",
@@ -35,6 +37,7 @@ __all__ = [
     "TomographyObject",
     "__version__",
     "nanoparticle_phantom",
+    "prepare_optimizer_for_capture",
     "project_to_so3",
     "project_volume",
     "psnr",

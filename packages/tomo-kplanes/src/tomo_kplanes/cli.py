@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--seed", type=int, default=0)
     rec.add_argument("--output", type=Path, default=Path("tomo-kplanes-output"))
     rec.add_argument("--no-progress", action="store_true")
+    rec.add_argument(
+        "--cuda-graph", action="store_true", help="replay each training step as one CUDA graph"
+    )
     return parser
 
 
@@ -76,6 +79,7 @@ def run_reconstruct(args: argparse.Namespace) -> dict:
         rays_per_batch=args.rays_per_batch, samples_per_ray=size, tv_points=args.tv_points, backend=args.backend,
         weights=LossWeights(volume_tv=args.volume_tv, plane_tv=1e-4), seed=args.seed,
         progress=not args.no_progress, eval_every=max(50, args.steps // 8),
+        cuda_graph=args.cuda_graph,
     )
     t0 = time.perf_counter()
     result = reconstruct(series, geo, config)

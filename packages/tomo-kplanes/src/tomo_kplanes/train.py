@@ -5,6 +5,7 @@ pixels, and data-parallel training under ``torch.distributed`` (each rank its ow
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .geometry import TiltGeometry, grid_points
+from .graphed import CapturedStep, prepare_optimizer_for_capture
 from .model import KPlanes, KPlanesTilted
 from .objective import (
     DensityConstraints,
@@ -52,6 +54,9 @@ class ReconstructionConfig:
     seed: int = 0
     progress: bool = True
     backend: str | None = None
+    #: replay each step as one CUDA graph (CUDA only, not under torch.distributed): same steps,
+    #: without the Python launch overhead that dominates a step at these sizes
+    cuda_graph: bool = False
 
 
 @dataclass
@@ -168,6 +173,33 @@ def reconstruct(
         order = state["order"].to(device)
     else:
         order = torch.randperm(train_rays.numel(), generator=gen, device=device)
+    # the step reads its rays from one fixed buffer, so that it can be replayed as a CUDA graph
+    batch_rays = torch.empty(batch, dtype=train_rays.dtype, device=device)
+
+    def train_step() -> torch.Tensor:
+        points, steps = geometry.rays(batch_rays, config.samples_per_ray)
+        ctx = ReconstructionContext()
+        if config.weights.volume_tv > 0:
+            ctx.tv_tap_points = obj.sample_tv_tap_coords(config.tv_points, generator=gen, device=device)
+        loss, _ = _loss(obj, inner, points, steps, target[batch_rays], config, ctx)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.grad_clip > 0:
+            nn.utils.clip_grad_norm_(obj.parameters(), config.grad_clip)
+        optimizer.step()
+        return loss.detach()
+
+    run_step = train_step
+    if config.cuda_graph:
+        if device.type != "cuda" or distributed:
+            warnings.warn(
+                "cuda_graph needs a CUDA device and no torch.distributed process group; "
+                "running the steps eagerly",
+                stacklevel=2,
+            )
+        else:
+            prepare_optimizer_for_capture(optimizer)
+            run_step = CapturedStep(train_step, generators=[gen])
     best, bad, stopped = math.inf, 0, False
     end = config.steps if stop_at is None else min(stop_at, config.steps)
     bar = tqdm(range(step0, end), disable=not config.progress or rank != 0, desc="reconstruct")
@@ -176,17 +208,8 @@ def reconstruct(
         slot = step % per_epoch
         if slot == 0 and step > step0:
             order = torch.randperm(train_rays.numel(), generator=gen, device=device)
-        rays = train_rays[order[slot * batch : (slot + 1) * batch]]
-        points, steps = geometry.rays(rays, config.samples_per_ray)
-        ctx = ReconstructionContext()
-        if config.weights.volume_tv > 0:
-            ctx.tv_tap_points = obj.sample_tv_tap_coords(config.tv_points, generator=gen, device=device)
-        loss, _ = _loss(obj, inner, points, steps, target[rays], config, ctx)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if config.grad_clip > 0:
-            nn.utils.clip_grad_norm_(obj.parameters(), config.grad_clip)
-        optimizer.step()
+        batch_rays.copy_(train_rays[order[slot * batch : (slot + 1) * batch]])
+        loss = run_step()
         scheduler.step()
         if (step + 1) % 10 == 0 or step + 1 == config.steps:
             losses.append(loss.item())
