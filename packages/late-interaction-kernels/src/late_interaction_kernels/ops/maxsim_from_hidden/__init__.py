@@ -1,9 +1,12 @@
 """MaxSim against the hidden states of the document encoder, with the ColBERT projection head
 fused in.
 
-The projected documents are built one chunk of documents at a time and, when gradients are
-needed, recomputed chunk by chunk in the backward pass (activation checkpointing), so the full
-``(Nd, Ld, d)`` projection is never held: memory is that of one chunk, whatever ``Nd``.
+On the Triton backend one kernel (:mod:`.kernels`) projects, normalises and scores each document
+tile in registers: the projected ``(Nd, Ld, d)`` documents are never written. The backward pass
+(:mod:`.op`) recomputes the projection one chunk of documents at a time. The PyTorch path builds
+the projected documents one chunk at a time and, when gradients are needed, recomputes them chunk
+by chunk in the backward pass (activation checkpointing). Either way memory is that of one chunk,
+whatever ``Nd``.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from __future__ import annotations
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from triton_dispatch import common_device
+from triton_dispatch import common_device, select_backend, uses_triton
 
 from ..maxsim import maxsim
+from .op import from_hidden_forward_op
 from .reference import project
 
 __all__ = ["maxsim_from_hidden"]
@@ -61,8 +65,8 @@ def _validate(Q, H_d, W, b, d_mask, q_mask, chunk_size) -> None:
     common_device([Q, H_d, W, b, d_mask, q_mask], names=["Q", "H_d", "W", "b", "d_mask", "q_mask"])
 
 
-def _score_chunk(Q, H, W, b, d_mask, q_mask, normalize: bool) -> torch.Tensor:
-    return maxsim(Q, project(H, W, b, normalize), q_mask, d_mask)
+def _score_chunk(Q, H, W, b, d_mask, q_mask, normalize: bool, backend) -> torch.Tensor:
+    return maxsim(Q, project(H, W, b, normalize), q_mask, d_mask, backend=backend)
 
 
 def maxsim_from_hidden(
@@ -75,6 +79,7 @@ def maxsim_from_hidden(
     q_mask: torch.Tensor | None = None,
     normalize: bool = True,
     chunk_size: int | None = None,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """Late-interaction scores of queries against documents given as encoder hidden states.
 
@@ -88,27 +93,47 @@ def maxsim_from_hidden(
         d_mask, q_mask: bool ``(Nd, Ld)`` / ``(Nq, Lq)``, True = valid. Masked document tokens
             never win; a document with no valid token scores 0 and gets exactly zero gradient.
         normalize: L2-normalise the projected document tokens (ColBERT does).
-        chunk_size: documents projected at a time (default :data:`DEFAULT_CHUNK_SIZE`).
+        chunk_size: documents projected at a time (default :data:`DEFAULT_CHUNK_SIZE`); the
+            Triton forward needs no chunks, its backward recomputes the projection per chunk.
+        backend: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
 
     Returns:
         float32 scores ``(Nq, Nd)``.
     """
     chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
     _validate(Q, H_d, W, b, d_mask, q_mask, chunk_size)
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (Q, H_d, W, b)
     )
+    chosen = select_backend(device=common_device([Q, H_d]), backend=backend)
+    if uses_triton(chosen) and Q.dtype != torch.float64 and min(*Q.shape, *H_d.shape) > 0:
+        scores, _ = from_hidden_forward_op(
+            Q.contiguous(),
+            H_d.contiguous(),
+            W.contiguous(),
+            None if b is None else b.contiguous(),
+            None if d_mask is None else d_mask.contiguous(),
+            None if q_mask is None else q_mask.contiguous(),
+            normalize,
+            needs_grad,
+            chunk_size,
+        )
+        return scores
+    if chosen == "torch":
+        backend = "torch"
     blocks = []
     for start in range(0, H_d.shape[0], chunk_size):
         H = H_d[start : start + chunk_size]
         mask = None if d_mask is None else d_mask[start : start + chunk_size]
         if needs_grad and H_d.shape[0] > chunk_size:
             block = checkpoint(
-                _score_chunk, Q, H, W, b, mask, q_mask, normalize, use_reentrant=False
+                _score_chunk, Q, H, W, b, mask, q_mask, normalize, backend, use_reentrant=False
             )
         else:
-            block = _score_chunk(Q, H, W, b, mask, q_mask, normalize)
+            block = _score_chunk(Q, H, W, b, mask, q_mask, normalize, backend)
         blocks.append(block)
     if not blocks:
-        return maxsim(Q, Q.new_zeros(0, H_d.shape[1], W.shape[1]), q_mask)
+        return maxsim(Q, Q.new_zeros(0, H_d.shape[1], W.shape[1]), q_mask, backend=backend)
     return torch.cat(blocks, dim=1)

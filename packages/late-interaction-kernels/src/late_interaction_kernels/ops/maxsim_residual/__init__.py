@@ -1,17 +1,20 @@
 """MaxSim against PLAID / ColBERTv2 compressed documents (centroid id + packed n-bit residuals).
 
-Documents are decompressed a chunk at a time (one chunk of ``(tokens, d)`` embeddings exists at
-once) and scored with :func:`late_interaction_kernels.maxsim`; the compressed collection itself is
-never expanded whole. The storage layout is described in :mod:`.reference`.
+The Triton path (:mod:`.kernels`, wrapped as custom ops in :mod:`.op`) decompresses each document
+tile in registers and scores it at once; the collection is never expanded. The PyTorch path
+decompresses a chunk of documents at a time (one chunk of ``(tokens, d)`` embeddings exists at once)
+and scores it with :func:`late_interaction_kernels.maxsim`. The storage layout is described in
+:mod:`.reference`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from triton_dispatch import common_device
+from triton_dispatch import common_device, select_backend, uses_triton
 
 from ..maxsim import maxsim
+from .op import residual_forward_op
 from .reference import decompress
 
 __all__ = ["maxsim_residual"]
@@ -91,14 +94,30 @@ def _validate(Q, centroids, codes, packed, weights, doclens, nbits, q_mask, chun
         [Q, centroids, codes, packed, weights, doclens],
         names=["Q", "centroids", "codes", "packed_residuals", "bucket_weights", "doclens"],
     )
-    if doclens.numel() and int(doclens.min()) < 0:
+
+
+def _check_values(codes, doclens, n_centroids: int) -> int:
+    """Data checks of the collection, in one host synchronisation; returns the shortest document
+    length (0 without documents)."""
+    n_tok = codes.shape[0]
+    zero = doclens.new_zeros((), dtype=torch.int64)
+    has_docs, has_tokens = doclens.numel() > 0, n_tok > 0
+    stats = torch.stack(
+        [
+            doclens.sum().to(torch.int64) if has_docs else zero,
+            doclens.min().to(torch.int64) if has_docs else zero,
+            codes.min().to(torch.int64) if has_tokens else zero,
+            codes.max().to(torch.int64) if has_tokens else zero,
+        ]
+    ).tolist()
+    total, shortest, lo, hi = stats
+    if shortest < 0:
         raise ValueError("doclens must be non-negative")
-    if int(doclens.sum()) != n_tok:
-        raise ValueError(
-            f"doclens must add up to the number of tokens ({n_tok}), got {int(doclens.sum())}"
-        )
-    if n_tok and (int(codes.min()) < 0 or int(codes.max()) >= centroids.shape[0]):
-        raise ValueError(f"codes must index centroids, i.e. lie in [0, {centroids.shape[0]})")
+    if total != n_tok:
+        raise ValueError(f"doclens must add up to the number of tokens ({n_tok}), got {total}")
+    if has_tokens and (lo < 0 or hi >= n_centroids):
+        raise ValueError(f"codes must index centroids, i.e. lie in [0, {n_centroids})")
+    return shortest
 
 
 def maxsim_residual(
@@ -112,8 +131,13 @@ def maxsim_residual(
     nbits: int,
     q_mask: torch.Tensor | None = None,
     chunk_size: int | None = None,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """Late-interaction scores of ``Q (Nq, Lq, d)`` against residual-compressed documents.
+
+    On the Triton backend (CUDA tensors) one kernel decompresses each document's tokens in
+    registers and scores them: no decompressed token is ever written to memory. Elsewhere the
+    documents are decompressed ``chunk_size`` at a time and scored with :func:`maxsim`.
 
     Args:
         centroids: ``(C, d)``; ``codes``: ``(N,)`` centroid id of every stored token;
@@ -121,21 +145,54 @@ def maxsim_residual(
             ``(2 ** nbits,)``; ``doclens``: ``(Nd,)`` tokens per document, in storage order.
         nbits: bits per residual dimension (1, 2, 4 or 8).
         q_mask: bool ``(Nq, Lq)``, True = valid query token.
+        chunk_size: documents decompressed at a time on the PyTorch path (default
+            :data:`DEFAULT_CHUNK_SIZE`); the Triton path needs no chunks.
+        backend: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
 
     Returns:
         float32 ``(Nq, Nd)``; differentiable in ``Q``. A zero-length document scores 0; it has
         no token to send a gradient through, so scoring one with a ``Q`` that requires grad
-        raises ``ValueError``.
+        raises ``ValueError``. The collection is validated with one host synchronisation, which
+        ``torch.compile`` skips (there a zero-length document gets a zero gradient instead).
     """
     chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
     _validate(
         Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size
     )
-    lengths = [int(n) for n in doclens.tolist()]
-    if Q.requires_grad and torch.is_grad_enabled() and any(n == 0 for n in lengths):
-        raise ValueError(
-            "a zero-length document has no gradient: drop it, or score under torch.no_grad()"
+    device = common_device([Q, doclens])
+    chosen = select_backend(device=device, backend=backend)
+    needs_grad = Q.requires_grad and torch.is_grad_enabled()
+    if not torch.compiler.is_compiling():
+        shortest = _check_values(codes, doclens, centroids.shape[0])
+        if needs_grad and doclens.numel() and shortest == 0:
+            raise ValueError(
+                "a zero-length document has no gradient: drop it, or score under torch.no_grad()"
+            )
+    if uses_triton(chosen) and Q.dtype != torch.float64:
+        offsets = torch.cat([doclens.new_zeros(1), doclens.cumsum(0)]).to(torch.int64)
+        scores, _ = residual_forward_op(
+            Q.contiguous(),
+            None if q_mask is None else q_mask.contiguous(),
+            centroids.contiguous(),
+            codes.contiguous(),
+            packed_residuals.contiguous(),
+            bucket_weights.contiguous(),
+            offsets,
+            nbits,
+            needs_grad,
         )
+        return scores
+    return _decompress_and_score(
+        Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size,
+        "torch" if chosen == "torch" else None,
+    )  # fmt: skip
+
+
+def _decompress_and_score(
+    Q, centroids, codes, packed, weights, doclens, nbits, q_mask, chunk_size, backend
+) -> torch.Tensor:
+    """The PyTorch path: decompress ``chunk_size`` documents at a time, then :func:`maxsim`."""
+    lengths = [int(n) for n in doclens.tolist()]
     offsets = [0]
     for n in lengths:
         offsets.append(offsets[-1] + n)
@@ -143,9 +200,7 @@ def maxsim_residual(
     for start in range(0, len(lengths), chunk_size):
         stop = min(start + chunk_size, len(lengths))
         lo, hi = offsets[start], offsets[stop]
-        tokens = decompress(
-            centroids, codes[lo:hi], packed_residuals[lo:hi], bucket_weights, nbits
-        ).to(Q.dtype)
+        tokens = decompress(centroids, codes[lo:hi], packed[lo:hi], weights, nbits).to(Q.dtype)
         chunk_lengths = torch.tensor(lengths[start:stop], device=Q.device)
         width = max(max(lengths[start:stop]), 1)
         # scatter the chunk's tokens into a padded (docs, width, d) block
@@ -158,7 +213,7 @@ def maxsim_residual(
         D = tokens.new_zeros(stop - start, width, tokens.shape[1])
         D[doc_of_token, slot] = tokens
         mask = torch.arange(width, device=Q.device) < chunk_lengths[:, None]
-        blocks.append(maxsim(Q, D, q_mask, mask))
+        blocks.append(maxsim(Q, D, q_mask, mask, backend=backend))
     if not blocks:
         return Q.new_zeros(Q.shape[0], 0, dtype=torch.float32)
     return torch.cat(blocks, dim=1)
