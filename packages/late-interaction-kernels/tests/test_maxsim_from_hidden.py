@@ -16,7 +16,9 @@ from triton_dispatch.testing import assert_close, assert_gradients_match
 NQ, LQ, ND, LD, H, DIM = 2, 3, 5, 4, 12, 8
 
 
-def _inputs(rng, *, bias=True, shape=(NQ, LQ, ND, LD, H, DIM), dtype=torch.float32):
+def _inputs(
+    rng, *, bias=True, shape=(NQ, LQ, ND, LD, H, DIM), dtype=torch.float32, device="cpu"
+):
     nq, lq, nd, ld, h, dim = shape
     Q = torch.nn.functional.normalize(torch.randn(nq, lq, dim, generator=rng), dim=-1)
     H_d = torch.randn(nd, ld, h, generator=rng)
@@ -25,8 +27,9 @@ def _inputs(rng, *, bias=True, shape=(NQ, LQ, ND, LD, H, DIM), dtype=torch.float
     d_mask = torch.rand(nd, ld, generator=rng) > 0.3
     d_mask[:, 0] = True
     q_mask = torch.rand(nq, lq, generator=rng) > 0.2
-    Q, H_d, W = Q.to(dtype), H_d.to(dtype), W.to(dtype)
-    return Q, H_d, W, None if b is None else b.to(dtype), d_mask, q_mask
+    Q, H_d, W = (t.to(device, dtype) for t in (Q, H_d, W))
+    b = None if b is None else b.to(device, dtype)
+    return Q, H_d, W, b, d_mask.to(device), q_mask.to(device)
 
 
 # the Triton path (interpreted here) with documents of several 16-token tiles split over two
@@ -105,10 +108,12 @@ def test_zero_length_documents_and_queries(backend, rng):
         assert maxsim_from_hidden(Q[:0], H_d, W, b, backend=backend).shape == (0, ND)
 
 
-def test_fused_half_precision(rng):
+def test_fused_half_precision(rng, device):
     """fp16 values against the float64 reference; gradients against the float64 formula at the
     winners the kernel saved (fp16 rounding may swap near-tied winners)."""
-    Q, H_d, W, b, d_mask, q_mask = _inputs(rng, shape=FUSED_SHAPE, dtype=torch.float16)
+    Q, H_d, W, b, d_mask, q_mask = _inputs(
+        rng, shape=FUSED_SHAPE, dtype=torch.float16, device=device
+    )
     leaves = [t.requires_grad_(True) for t in (Q, H_d, W, b)]
     refs = [t.detach().double().requires_grad_(True) for t in leaves]
     got = maxsim_from_hidden(*leaves, d_mask, q_mask=q_mask, chunk_size=2)
@@ -119,33 +124,35 @@ def test_fused_half_precision(rng):
     sim = torch.einsum("qid,njd->qnij", refs[0], project(*refs[1:], True))
     picked = sim.gather(3, winners.clamp(min=0).long()[..., None]).squeeze(3)
     at_winners = torch.where(winners >= 0, picked, 0.0).sum(2)
-    g = torch.randn(got.shape, generator=rng)
+    g = torch.randn(got.shape, generator=rng).to(device)
     got.backward(g)
     at_winners.backward(g.double())
     for name, x, r in zip(["Q", "H_d", "W", "b"], leaves, refs):
         assert_close(x.grad, r.grad, tol=1e-2, name=f"gradient of {name}")
 
 
-def test_fused_and_torch_paths_agree(rng):
-    Q, H_d, W, b, d_mask, q_mask = _inputs(rng, shape=FUSED_SHAPE)
+def test_fused_and_torch_paths_agree(rng, device):
+    Q, H_d, W, b, d_mask, q_mask = _inputs(rng, shape=FUSED_SHAPE, device=device)
     results = []
     for backend in (None, "torch"):
         leaves = [t.detach().clone().requires_grad_(True) for t in (Q, H_d, W, b)]
         scores = maxsim_from_hidden(*leaves, d_mask, q_mask=q_mask, backend=backend)
-        scores.backward(torch.arange(scores.numel(), dtype=torch.float32).view(scores.shape))
+        scores.backward(
+            torch.arange(scores.numel(), dtype=torch.float32, device=device).view(scores.shape)
+        )
         results.append([scores.detach()] + [t.grad for t in leaves])
     for fused, plain in zip(*results):
         torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-5)
 
 
-def test_fused_path_never_projects_the_documents(rng, monkeypatch):
+def test_fused_path_never_projects_the_documents(rng, monkeypatch, device):
     import late_interaction_kernels.ops.maxsim_from_hidden as module
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the Triton path built the projected documents")
 
     monkeypatch.setattr(module, "project", forbidden)
-    Q, H_d, W, b, d_mask, _ = _inputs(rng, shape=FUSED_SHAPE)
+    Q, H_d, W, b, d_mask, _ = _inputs(rng, shape=FUSED_SHAPE, device=device)
     leaves = [t.requires_grad_(True) for t in (Q, H_d, W, b)]
     maxsim_from_hidden(*leaves, d_mask).sum().backward()
     assert all(t.grad is not None for t in leaves)

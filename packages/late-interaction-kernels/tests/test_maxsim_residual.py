@@ -18,19 +18,14 @@ from triton_dispatch.testing import assert_close
 DIM, C = 8, 6
 
 
-def collection(rng, doclens, nbits, dim=DIM):
+def collection(rng, doclens, nbits, dim=DIM, device="cpu"):
     n = sum(doclens)
     centroids = torch.nn.functional.normalize(torch.randn(C, dim, generator=rng), dim=-1)
     codes = torch.randint(0, C, (n,), generator=rng)
     buckets = torch.randint(0, 1 << nbits, (n, dim), generator=rng)
     weights = torch.sort(torch.randn(1 << nbits, generator=rng) * 0.2).values
-    return (
-        centroids,
-        codes,
-        pack_buckets(buckets, nbits),
-        weights,
-        torch.tensor(doclens, dtype=torch.long),
-    )
+    parts = (centroids, codes, pack_buckets(buckets, nbits), weights, torch.tensor(doclens, dtype=torch.long))
+    return tuple(t.to(device) for t in parts)
 
 
 def test_packing_layout_is_colbertv2s():
@@ -98,36 +93,36 @@ def test_all_documents_empty_and_empty_queries(backend, rng):
 # documents longer than one tile (16 tokens under the interpreter), fp32 and fp16 queries
 @pytest.mark.parametrize("nbits", [1, 2, 4, 8])
 @pytest.mark.parametrize(("dim", "dtype"), [(16, torch.float32), (24, torch.float16)])
-def test_fused_kernel_matches_reference(nbits, dim, dtype, rng):
+def test_fused_kernel_matches_reference(nbits, dim, dtype, rng, device):
     """Scores against the float64 reference; the query gradient against the float64 formula at
     the winners the kernel saved (fp16 rounding may swap near-tied winners, and a swap moves a
     gradient row by a whole token)."""
-    parts = collection(rng, [3, 20, 1, 17, 5], nbits, dim)
-    Q = torch.randn(3, 5, dim, generator=rng).to(dtype).requires_grad_(True)
-    q_mask = torch.rand(3, 5, generator=rng) > 0.3
+    parts = collection(rng, [3, 20, 1, 17, 5], nbits, dim, device)
+    Q = torch.randn(3, 5, dim, generator=rng).to(device, dtype).requires_grad_(True)
+    q_mask = (torch.rand(3, 5, generator=rng) > 0.3).to(device)
     got = maxsim_residual(Q, *parts, nbits=nbits, q_mask=q_mask)
     Q64 = Q.detach().double().requires_grad_(True)
     want = maxsim_residual_reference(Q64, *parts, nbits=nbits, q_mask=q_mask)
     assert got.dtype == torch.float32
     assert_close(got, want, dtype=dtype, name="scores")
-    offsets = torch.cat([torch.zeros(1, dtype=torch.long), parts[4].cumsum(0)])
+    offsets = torch.cat([parts[4].new_zeros(1), parts[4].cumsum(0)])
     with torch.no_grad():
         _, winners = residual_forward_op(Q, q_mask, *parts[:4], offsets, nbits, True)
     assert winners.shape == (3, 5, 5) and bool(((winners >= 0) == q_mask[:, None, :]).all())
     tokens = decompress(*parts[:4], nbits).double()
     picked = torch.einsum("qid,qnid->qni", Q64, tokens[winners.clamp(min=0)])
     at_winners = torch.where(winners >= 0, picked, 0.0).sum(2)
-    g = torch.randn(got.shape, generator=rng)
+    g = torch.randn(got.shape, generator=rng).to(device)
     (got * g).sum().backward()
     (at_winners * g.double()).sum().backward()
     assert Q.grad.dtype == dtype
     assert_close(Q.grad, Q64.grad, dtype=dtype, name="gradient of Q")
 
 
-def test_fused_kernel_long_query(rng):
+def test_fused_kernel_long_query(rng, device):
     # 80 query-token rows: five 16-row blocks, each spanning two queries
-    parts = collection(rng, [4, 18], 4, 16)
-    Q = torch.randn(2, 40, 16, generator=rng, requires_grad=True)
+    parts = collection(rng, [4, 18], 4, 16, device)
+    Q = torch.randn(2, 40, 16, generator=rng).to(device).requires_grad_(True)
     got = maxsim_residual(Q, *parts, nbits=4)
     Q64 = Q.detach().double().requires_grad_(True)
     want = maxsim_residual_reference(Q64, *parts, nbits=4)
@@ -137,23 +132,23 @@ def test_fused_kernel_long_query(rng):
     assert_close(Q.grad, Q64.grad, name="gradient of Q")
 
 
-def test_fused_and_torch_paths_agree(rng):
-    parts = collection(rng, [6, 2, 19], 2, 16)
-    Q = torch.randn(4, 3, 16, generator=rng)
+def test_fused_and_torch_paths_agree(rng, device):
+    parts = collection(rng, [6, 2, 19], 2, 16, device)
+    Q = torch.randn(4, 3, 16, generator=rng).to(device)
     fused = maxsim_residual(Q, *parts, nbits=2)
     plain = maxsim_residual(Q, *parts, nbits=2, backend="torch")
     torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
 
 
-def test_fused_path_never_decompresses_the_collection(rng, monkeypatch):
+def test_fused_path_never_decompresses_the_collection(rng, monkeypatch, device):
     import late_interaction_kernels.ops.maxsim_residual as module
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the Triton path decompressed the collection in PyTorch")
 
     monkeypatch.setattr(module, "decompress", forbidden)
-    parts = collection(rng, [3, 4], 2)
-    Q = torch.randn(2, 3, DIM, generator=rng, requires_grad=True)
+    parts = collection(rng, [3, 4], 2, device=device)
+    Q = torch.randn(2, 3, DIM, generator=rng).to(device).requires_grad_(True)
     maxsim_residual(Q, *parts, nbits=2).sum().backward()
     assert Q.grad is not None
 

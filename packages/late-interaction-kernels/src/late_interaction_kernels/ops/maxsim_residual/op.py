@@ -48,11 +48,13 @@ def residual_forward_op(
         NBITS=nbits, SAVE_ARGMAX=save_argmax, UPCAST=upcast, IEEE=ieee,
         DYNAMIC_BOUNDS=not interpreter_enabled(), NORM_EPS=NORM_EPS, BLOCK_K=padded_dim(dim),
     )  # fmt: skip
-    keep = best != float("-inf")
+    # in place: the scratch is as large as the whole answer before the sum over query tokens
+    dropped = best == float("-inf")
     if q_mask is not None:
-        keep &= q_mask[:, None, :]
-    scores = torch.where(keep, best, 0.0).sum(-1)
-    return scores, (torch.where(keep, argmax, -1) if save_argmax else argmax)
+        dropped |= ~q_mask[:, None, :]
+    if save_argmax:
+        argmax.masked_fill_(dropped, -1)
+    return best.masked_fill_(dropped, 0.0).sum(-1), argmax
 
 
 @residual_forward_op.register_fake
