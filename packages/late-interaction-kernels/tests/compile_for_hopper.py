@@ -54,7 +54,7 @@ def main() -> int:
             cx = dict(
                 LAYOUT=layout, HAS_QM=layout != 3, HAS_DM=layout != 3, SAVE_ARGMAX=not norm,
                 UPCAST=False, NORMALIZE=norm, NORM_EPS=1e-12, IEEE=dtype == "fp32",
-                DYNAMIC_BOUNDS=True, EVEN_K=dtype == "bf16", ELEMENTWISE=norm, BLOCK_K=64, BLOCK_Q=blocks[0], BLOCK_D=blocks[1],
+                DYNAMIC_BOUNDS=True, EVEN_K=dtype == "bf16", BLOCK_K=64, BLOCK_Q=blocks[0], BLOCK_D=blocks[1],
             )  # fmt: skip
             sig = dict(fwd, Q="*" + dtype, D="*" + dtype)
             check(f"forward layout={layout} {dtype}", forward.maxsim_fwd_kernel, sig, cx)

@@ -93,24 +93,14 @@ def _best_over_document(
     q, q_scale, D, DM, doc, d_start, d_len, d_stop, ld, dim, k, k_ok,
     HAS_DM: tl.constexpr, SAVE_ARGMAX: tl.constexpr, UPCAST: tl.constexpr,
     NORMALIZE: tl.constexpr, NORM_EPS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
-    ELEMENTWISE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     """Each query row's best similarity over one document's tokens (``-inf`` when no token is
-    valid) and, with ``SAVE_ARGMAX``, the first column reaching it.
-
-    With ``ELEMENTWISE`` the max runs elementwise over the tiles (a register accumulator the size
-    of a tile, plus the tile each lane's max came from) and is reduced across columns once at the
-    end, instead of a cross-lane row reduction per tile. On an H100 that paid for short queries
-    against long documents (one query per program) and cost time on the query-group kernel's
-    128-row blocks (register pressure), so the launchers choose it per kernel."""
-    lanes = tl.arange(0, BLOCK_D)
-    if ELEMENTWISE:
-        acc = tl.full((BLOCK_Q, BLOCK_D), float("-inf"), dtype=tl.float32)
-        acc_tile = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.int32)
+    valid) and, with ``SAVE_ARGMAX``, the first column reaching it."""
     best = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
     best_idx = tl.zeros((BLOCK_Q,), dtype=tl.int32)
     for j0 in range(0, d_stop, BLOCK_D):
-        cols = j0 + lanes
+        cols = j0 + tl.arange(0, BLOCK_D)
         col_ok = cols < d_len
         if EVEN_K:
             x_ok = col_ok[None, :]
@@ -131,23 +121,11 @@ def _best_over_document(
             x_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(x32 * x32, 0)), NORM_EPS)
             s = s * q_scale[:, None] * x_scale[None, :]
         s = tl.where(col_ok[None, :], s, float("-inf"))
-        if ELEMENTWISE:
-            if SAVE_ARGMAX:
-                # strictly greater: on ties the earlier tile keeps the lane
-                acc_tile = tl.where(s > acc, j0, acc_tile)
-            acc = _max_nan(acc, s)
-        else:
-            tile_best = tl.reduce(s, 1, _max_nan)
-            if SAVE_ARGMAX:
-                first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
-                best_idx = tl.where(tile_best > best, first, best_idx)
-            best = _max_nan(best, tile_best)
-    if ELEMENTWISE:
-        best = tl.reduce(acc, 1, _max_nan)
+        tile_best = tl.reduce(s, 1, _max_nan)
         if SAVE_ARGMAX:
-            # the first column reaching the row's best; a NaN row takes any NaN lane (in range)
-            hit = (acc == best[:, None]) | (acc != acc)
-            best_idx = tl.min(tl.where(hit, acc_tile + lanes[None, :], 2147483647), 1)
+            first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
+            best_idx = tl.where(tile_best > best, first, best_idx)
+        best = _max_nan(best, tile_best)
     return best, best_idx
 
 
@@ -186,7 +164,6 @@ def maxsim_fwd_kernel(
     IEEE: tl.constexpr,
     DYNAMIC_BOUNDS: tl.constexpr,
     EVEN_K: tl.constexpr,
-    ELEMENTWISE: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -244,8 +221,7 @@ def maxsim_fwd_kernel(
             q_scale = tl.zeros((BLOCK_Q,), dtype=tl.float32)  # unused
         best, best_idx = _best_over_document(
             q, q_scale, D, DM, doc, d_start, d_len, d_stop, ld, dim, k, k_ok,
-            HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, ELEMENTWISE, BLOCK_Q,
-            BLOCK_D,
+            HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, BLOCK_Q, BLOCK_D,
         )  # fmt: skip
         keep = row_ok & (best != float("-inf"))
         if HAS_QM:
@@ -339,7 +315,7 @@ def maxsim_fwd_query_group_kernel(
     d_start = doc.to(tl.int64) * ld
     best, best_idx = _best_over_document(
         q, q_scale, D, DM, doc, d_start, ld, ld, ld, dim, k, k_ok,
-        HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, False, BLOCK_Q, BLOCK_D,
+        HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, BLOCK_Q, BLOCK_D,
     )  # fmt: skip
     keep = row_ok & (best != float("-inf"))
     if HAS_QM:
@@ -447,8 +423,6 @@ def maxsim_forward_triton(
         IEEE=ieee,
         DYNAMIC_BOUNDS=not interpreter_enabled(),
         EVEN_K=dim == padded_dim(dim),
-        # measured on an H100: elementwise maxima pay for short queries, not for 128-row chunks
-        ELEMENTWISE=chunk_len <= 64,
         BLOCK_K=padded_dim(dim),
     )
     scores = partial[:, 0] if n_chunks == 1 else partial.sum(1)
