@@ -77,7 +77,7 @@ def test_from_hidden_fused_values_and_gradients(dtype, dim, tol):
     d_mask = d_mask.cuda()
     leaves = [a.cuda().to(dtype).requires_grad_(True) for a in args]
     refs = [a.detach().double().requires_grad_(True) for a in leaves]
-    got = maxsim_from_hidden(*leaves, d_mask, chunk_size=16)
+    got = maxsim_from_hidden(*leaves, d_mask, chunk_size=16, fused=True)
     assert_close(got, maxsim_from_hidden_reference(*refs, d_mask), dtype=dtype, tol=tol)
     with torch.no_grad():
         _, winners = from_hidden_forward_op(*leaves, d_mask, None, True, True, 16)
@@ -104,7 +104,7 @@ def test_from_hidden_compiles_fullgraph():
     results = []
     for fn in (maxsim_from_hidden, compiled):
         leaves = [a.cuda().bfloat16().requires_grad_(True) for a in args]
-        scores = fn(*leaves, d_mask)
+        scores = fn(*leaves, d_mask, fused=True)
         scores.backward(torch.ones_like(scores))
         results.append([scores] + [t.grad for t in leaves])
     for name, eager, comp in zip(["scores", "Q", "H_d", "W", "b"], *results):
@@ -120,11 +120,11 @@ def test_from_hidden_never_materialises_the_projection():
     w = (torch.randn(h, dim, generator=g) / 16).cuda().bfloat16()
     projected_bytes = nd * ld * dim * 2
     with torch.no_grad():
-        maxsim_from_hidden(q, hidden, w)  # compile first
+        maxsim_from_hidden(q, hidden, w, fused=True)  # compile first
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        scores = maxsim_from_hidden(q, hidden, w)
+        scores = maxsim_from_hidden(q, hidden, w, fused=True)
         torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - before
     assert extra < projected_bytes // 16, (

@@ -62,6 +62,7 @@ def test_values_and_gradients(chunk_size, backend, shape, normalize, bias, rng):
             normalize=normalize,
             chunk_size=chunk_size,
             backend=backend,
+            fused=backend is None,
         ),
         lambda q, h, w, bb: maxsim_from_hidden_reference(
             q, h, w, bb, d_mask, q_mask=q_mask, normalize=normalize
@@ -81,7 +82,9 @@ def test_fully_masked_document_scores_zero_with_zero_gradient(backend, shape, rn
     Q, H_d, W, b, d_mask, _ = _inputs(rng, shape=shape)
     d_mask[2] = False
     leaves = [t.requires_grad_(True) for t in (Q, H_d, W, b)]
-    scores = maxsim_from_hidden(Q, H_d, W, b, d_mask, chunk_size=2, backend=backend)
+    scores = maxsim_from_hidden(
+        Q, H_d, W, b, d_mask, chunk_size=2, backend=backend, fused=backend is None
+    )
     assert torch.equal(scores[:, 2], torch.zeros(shape[0]))
     for g in torch.autograd.grad(scores[:, 2].sum(), leaves, allow_unused=True, retain_graph=True):
         assert g is None or torch.equal(g, torch.zeros_like(g))
@@ -116,7 +119,7 @@ def test_fused_half_precision(rng, device):
     )
     leaves = [t.requires_grad_(True) for t in (Q, H_d, W, b)]
     refs = [t.detach().double().requires_grad_(True) for t in leaves]
-    got = maxsim_from_hidden(*leaves, d_mask, q_mask=q_mask, chunk_size=2)
+    got = maxsim_from_hidden(*leaves, d_mask, q_mask=q_mask, chunk_size=2, fused=True)
     want = maxsim_from_hidden_reference(*refs, d_mask, q_mask=q_mask)
     assert_close(got, want, dtype=torch.float16, name="scores")
     with torch.no_grad():
@@ -136,7 +139,9 @@ def test_fused_and_torch_paths_agree(rng, device):
     results = []
     for backend in (None, "torch"):
         leaves = [t.detach().clone().requires_grad_(True) for t in (Q, H_d, W, b)]
-        scores = maxsim_from_hidden(*leaves, d_mask, q_mask=q_mask, backend=backend)
+        scores = maxsim_from_hidden(
+            *leaves, d_mask, q_mask=q_mask, backend=backend, fused=backend is None
+        )
         scores.backward(
             torch.arange(scores.numel(), dtype=torch.float32, device=device).view(scores.shape)
         )
@@ -154,7 +159,7 @@ def test_fused_path_never_projects_the_documents(rng, monkeypatch, device):
     monkeypatch.setattr(module, "project", forbidden)
     Q, H_d, W, b, d_mask, _ = _inputs(rng, shape=FUSED_SHAPE, device=device)
     leaves = [t.requires_grad_(True) for t in (Q, H_d, W, b)]
-    maxsim_from_hidden(*leaves, d_mask).sum().backward()
+    maxsim_from_hidden(*leaves, d_mask, fused=True).sum().backward()
     assert all(t.grad is not None for t in leaves)
 
 
@@ -262,7 +267,8 @@ def test_fullgraph_compile_of_the_fused_path(rng):
 
     @torch.compile(fullgraph=True, backend="aot_eager")
     def loss_fn(q, h, w, bb):
-        return maxsim_from_hidden(q, h, w, bb, d_mask, q_mask=q_mask).logsumexp(-1).sum()
+        scores = maxsim_from_hidden(q, h, w, bb, d_mask, q_mask=q_mask, fused=True)
+        return scores.logsumexp(-1).sum()
 
     assert_gradients_match(
         loss_fn,
@@ -274,3 +280,21 @@ def test_fullgraph_compile_of_the_fused_path(rng):
         names=["Q", "H_d", "W", "b"],
         grad_tol=1e-4,
     )
+
+
+def test_fused_none_picks_by_measured_speed(rng, monkeypatch, device):
+    """Inference with few query rows takes the fused kernel; training takes the chunks."""
+    import late_interaction_kernels.ops.maxsim_from_hidden as module
+
+    calls = []
+    real = module.project
+    monkeypatch.setattr(module, "project", lambda *a, **k: calls.append(1) or real(*a, **k))
+    Q, H_d, W, b, d_mask, _ = _inputs(rng, shape=FUSED_SHAPE, device=device)
+    with torch.no_grad():
+        maxsim_from_hidden(Q, H_d, W, b, d_mask)
+    assert not calls
+    leaves = [t.requires_grad_(True) for t in (Q, H_d, W, b)]
+    maxsim_from_hidden(*leaves, d_mask).sum().backward()
+    assert calls
+    with pytest.raises(TypeError, match="fused"):
+        maxsim_from_hidden(Q, H_d, W, b, fused="yes")

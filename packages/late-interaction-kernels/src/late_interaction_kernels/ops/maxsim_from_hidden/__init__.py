@@ -25,6 +25,13 @@ __all__ = ["maxsim_from_hidden"]
 #: Documents projected per chunk when none is given.
 DEFAULT_CHUNK_SIZE = 256
 
+#: ``fused=None`` runs the fused kernel for inference with at most this many query-token rows
+#: (``Nq * Lq``). On an H100 (BENCHMARKS.md) it beat projection + ``maxsim`` at Nq = 1 and 64
+#: (Lq 32) and lost at Nq = 128, where every document tile is scored against many query rows and
+#: the separate GEMM projects more efficiently; with gradients the chunked composition was faster
+#: too (the fused backward recomputes the projection anyway).
+FUSED_MAX_QUERY_ROWS = 2048
+
 
 def _shape(x) -> str:
     return (
@@ -80,6 +87,7 @@ def maxsim_from_hidden(
     normalize: bool = True,
     chunk_size: int | None = None,
     backend: str | None = None,
+    fused: bool | None = None,
 ) -> torch.Tensor:
     """Late-interaction scores of queries against documents given as encoder hidden states.
 
@@ -96,6 +104,10 @@ def maxsim_from_hidden(
         chunk_size: documents projected at a time (default :data:`DEFAULT_CHUNK_SIZE`); the
             Triton forward needs no chunks, its backward recomputes the projection per chunk.
         backend: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
+        fused: on the Triton backend, ``True`` runs the fused kernel (the projected documents
+            are never written), ``False`` projects one chunk of documents at a time and scores
+            it with :func:`maxsim`; ``None`` picks by measured speed: the fused kernel for
+            inference with up to :data:`FUSED_MAX_QUERY_ROWS` query rows, else chunks.
 
     Returns:
         float32 scores ``(Nq, Nd)``.
@@ -104,11 +116,20 @@ def maxsim_from_hidden(
     _validate(Q, H_d, W, b, d_mask, q_mask, chunk_size)
     if not isinstance(normalize, bool):
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"fused must be None or a bool, got {type(fused).__name__}")
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (Q, H_d, W, b)
     )
     chosen = select_backend(device=common_device([Q, H_d]), backend=backend)
-    if uses_triton(chosen) and Q.dtype != torch.float64 and min(*Q.shape, *H_d.shape) > 0:
+    if fused is None:
+        fused = not needs_grad and Q.shape[0] * Q.shape[1] <= FUSED_MAX_QUERY_ROWS
+    if (
+        fused
+        and uses_triton(chosen)
+        and Q.dtype != torch.float64
+        and min(*Q.shape, *H_d.shape) > 0
+    ):
         scores, _ = from_hidden_forward_op(
             Q.contiguous(),
             H_d.contiguous(),
