@@ -26,11 +26,12 @@ __all__ = ["maxsim_from_hidden"]
 DEFAULT_CHUNK_SIZE = 256
 
 #: ``fused=None`` runs the fused kernel for inference with at most this many query-token rows
-#: (``Nq * Lq``). On an H100 (BENCHMARKS.md) it beat projection + ``maxsim`` at Nq = 1 and 64
-#: (Lq 32) and lost at Nq = 128, where every document tile is scored against many query rows and
-#: the separate GEMM projects more efficiently; with gradients the chunked composition was faster
-#: too (the fused backward recomputes the projection anyway).
-FUSED_MAX_QUERY_ROWS = 2048
+#: (``Nq * Lq``). On an H100 (BENCHMARKS.md) it beat projection + ``maxsim`` 1.7-1.8x for one query
+#: against 1000 documents, was within run-to-run noise of it at Nq = 64 (0.88x and 1.18x in two
+#: runs) and lost at Nq = 128, where each document tile is scored against many query rows and the
+#: separate GEMM projects more efficiently; with gradients the chunked composition was faster too
+#: (the fused backward recomputes the projection anyway).
+FUSED_MAX_QUERY_ROWS = 512
 
 
 def _shape(x) -> str:
