@@ -1,4 +1,8 @@
+import importlib.util
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,3 +17,22 @@ from late_interaction_kernels.ops.maxsim import buffers
 def poison_kernel_outputs(monkeypatch):
     """Every buffer a kernel fills starts as NaN / int-min, so a skipped element fails the test."""
     monkeypatch.setattr(buffers, "POISON_OUTPUTS", True)
+
+
+@pytest.fixture
+def compile_on_hopper():
+    """Run a script that compiles kernels for an sm_90 target (no GPU needed) in a process with
+    the interpreter off; ``{tests}`` in the script is this folder (for ``compile_for_hopper``).
+    The interpreter accepts code the GPU compiler rejects."""
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("Triton's NVIDIA backend is not installed")
+
+    def run(script: str) -> None:
+        code = script.format(tests=str(Path(__file__).parent))
+        env = dict(os.environ, TRITON_INTERPRET="0")
+        proc = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    return run

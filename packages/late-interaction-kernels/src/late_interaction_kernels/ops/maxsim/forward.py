@@ -25,6 +25,7 @@ from triton_dispatch.autotune import prune_by_shared_memory
 
 from .buffers import output_buffer
 from .layout import ALL_PAIRS, GROUPED, VARLEN, num_pairs
+from .running_max import max_nan
 from .tuning import tuning_bench, tuning_space
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
@@ -83,12 +84,6 @@ _FWD_INTERPRET = triton.Config({"BLOCK_Q": 16, "BLOCK_D": 16}, num_warps=4, num_
 
 
 @triton.jit
-def _max_nan(a, b):
-    # NaN wins, so a NaN similarity reaches the score instead of being skipped by the max
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-
-@triton.jit
 def _best_over_document(
     q, q_scale, D, DM, doc, d_start, d_len, d_stop, ld, dim, k, k_ok,
     HAS_DM: tl.constexpr, SAVE_ARGMAX: tl.constexpr, UPCAST: tl.constexpr,
@@ -121,11 +116,11 @@ def _best_over_document(
             x_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(x32 * x32, 0)), NORM_EPS)
             s = s * q_scale[:, None] * x_scale[None, :]
         s = tl.where(col_ok[None, :], s, float("-inf"))
-        tile_best = tl.reduce(s, 1, _max_nan)
+        tile_best = tl.reduce(s, 1, max_nan)
         if SAVE_ARGMAX:
             first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
             best_idx = tl.where(tile_best > best, first, best_idx)
-        best = _max_nan(best, tile_best)
+        best = max_nan(best, tile_best)
     return best, best_idx
 
 

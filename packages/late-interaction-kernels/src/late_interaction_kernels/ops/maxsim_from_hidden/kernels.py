@@ -22,6 +22,7 @@ import triton.language as tl
 from triton_dispatch import autotune, config_space, tile_shared_memory
 from triton_dispatch.autotune import prune_by_shared_memory
 
+from ..maxsim.running_max import score_tile_into_running_max
 from ..maxsim.tuning import tuning_bench, tuning_space
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
@@ -42,12 +43,6 @@ _CONFIGS = tuning_space(
     triton.Config({"BLOCK_H": 64, "BLOCK_Q": 64}, num_warps=8, num_stages=2),
 )
 _INTERPRET = triton.Config({"BLOCK_H": 16, "BLOCK_Q": 16}, num_warps=4, num_stages=1)
-
-
-@triton.jit
-def _max_nan(a, b):
-    # NaN wins, so a NaN similarity reaches the score instead of being skipped by the max
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -103,8 +98,6 @@ def from_hidden_fwd_kernel(
     valid tokens (-inf: none); ``ARGMAX``: the document-local index of the first one reaching it."""
     doc = tl.program_id(0)
     split = tl.program_id(1)
-    k = tl.arange(0, BLOCK_K)
-    k_ok = k < dim
     for tt in range(0, tiles_per_split):
         cols = (split * tiles_per_split + tt) * BLOCK_T + tl.arange(0, BLOCK_T)
         col_ok = cols < ld
@@ -120,30 +113,9 @@ def from_hidden_fwd_kernel(
             col_ok = col_ok & (
                 tl.load(DM + doc.to(tl.int64) * ld + cols, mask=col_ok, other=0) != 0
             )
-        for r0 in range(0, q_rows, BLOCK_Q):
-            r = r0 + tl.arange(0, BLOCK_Q)
-            row_ok = r < q_rows
-            q = tl.load(
-                Q + r.to(tl.int64)[:, None] * dim + k[None, :],
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            if UPCAST:
-                q = q.to(tl.float32)
-            if IEEE:
-                s = tl.dot(q, p_t, input_precision="ieee")
-            else:
-                s = tl.dot(q, p_t)
-            s = tl.where(col_ok[None, :], s, float("-inf"))
-            tile_best = tl.reduce(s, 1, _max_nan)
-            qi = r // lq
-            slot = ((qi.to(tl.int64) * n_doc + doc) * n_splits + split) * lq + r % lq
-            # the first tile of the split starts the running state (the scratch is not cleared)
-            carry = row_ok & (tt > 0)
-            best = tl.load(BEST + slot, mask=carry, other=float("-inf"))
-            new_best = _max_nan(best, tile_best)
-            tl.store(BEST + slot, new_best, mask=row_ok)
-            if SAVE_ARGMAX:
-                first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
-                idx = tl.load(ARGMAX + slot, mask=carry, other=0)
-                tl.store(ARGMAX + slot, tl.where(tile_best > best, first, idx), mask=row_ok)
+        score_tile_into_running_max(
+            Q, p_t, cols, col_ok, BEST, ARGMAX,
+            q_rows, lq, dim, n_doc * n_splits * lq, (doc.to(tl.int64) * n_splits + split) * lq,
+            tt > 0, 0,
+            SAVE_ARGMAX, UPCAST, IEEE, BLOCK_Q, BLOCK_K,
+        )  # fmt: skip

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from triton_dispatch import autotune, config_space
 
+from ..maxsim.running_max import score_tile_into_running_max
 from ..maxsim.tuning import tuning_bench, tuning_space
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
@@ -37,12 +38,6 @@ _BWD_CONFIGS = tuning_space(
     triton.Config({"BLOCK_Q": 32}, num_warps=4, num_stages=1),
 )
 _BWD_INTERPRET = triton.Config({"BLOCK_Q": 16}, num_warps=4, num_stages=1)
-
-
-@triton.jit
-def _max_nan(a, b):
-    # NaN wins, so a NaN similarity reaches the score instead of being skipped by the max
-    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
 
 @triton.jit
@@ -91,8 +86,6 @@ def residual_fwd_kernel(
     """``BEST[qi, doc, t]``: best similarity of query token ``(qi, t)`` over the document's tokens
     (-inf: none); ``ARGMAX``: the global token row of the first one reaching it."""
     doc = tl.program_id(0)
-    k = tl.arange(0, BLOCK_K)
-    k_ok = k < dim
     d_start = tl.load(OFFSETS + doc).to(tl.int64)
     d_len = (tl.load(OFFSETS + doc + 1) - d_start).to(tl.int32)
     # at least one (fully masked) tile, so an empty document still writes its -inf; the
@@ -112,32 +105,11 @@ def residual_fwd_kernel(
         else:
             x_t = tl.trans(x.to(Q.dtype.element_ty))
         # the tile is decompressed once and scored against every query token of the batch
-        for r0 in range(0, q_rows, BLOCK_Q):
-            r = r0 + tl.arange(0, BLOCK_Q)
-            row_ok = r < q_rows
-            q = tl.load(
-                Q + r.to(tl.int64)[:, None] * dim + k[None, :],
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            if UPCAST:
-                q = q.to(tl.float32)
-            if IEEE:
-                s = tl.dot(q, x_t, input_precision="ieee")
-            else:
-                s = tl.dot(q, x_t)
-            s = tl.where(col_ok[None, :], s, float("-inf"))
-            tile_best = tl.reduce(s, 1, _max_nan)
-            slot = ((r // lq).to(tl.int64) * n_doc + doc) * lq + r % lq
-            # the first tile starts the running state (the scratch is not cleared)
-            carry = row_ok & (j0 > 0)
-            best = tl.load(BEST + slot, mask=carry, other=float("-inf"))
-            tl.store(BEST + slot, _max_nan(best, tile_best), mask=row_ok)
-            if SAVE_ARGMAX:
-                first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
-                idx = tl.load(ARGMAX + slot, mask=carry, other=0)
-                winner = tl.where(tile_best > best, d_start + first, idx)
-                tl.store(ARGMAX + slot, winner, mask=row_ok)
+        score_tile_into_running_max(
+            Q, x_t, cols, col_ok, BEST, ARGMAX,
+            q_rows, lq, dim, n_doc * lq, doc.to(tl.int64) * lq, j0 > 0, d_start,
+            SAVE_ARGMAX, UPCAST, IEEE, BLOCK_Q, BLOCK_K,
+        )  # fmt: skip
 
 
 @autotune(
