@@ -4,7 +4,7 @@ Cases: the PyTorch grid_sample path and the fused op, each with two model calls 
 taps) and with the taps folded into one call. Peak memory of each. Both paths share everything but
 the plane interpolation and the rotation projection (SVD for the PyTorch path, the Triton kernel
 for the fused one): fused Adam on CUDA and the compiled plane TV. On CUDA a last case replays the
-fused folded step as one CUDA graph (``CapturedStep``, what ``reconstruct(cuda_graph=True)`` runs)."""
+fused folded step as one CUDA graph (``CapturedStep``, what ``reconstruct`` runs on CUDA)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--output", type=Path, default=Path("tomo-kplanes-output"))
     rec.add_argument("--no-progress", action="store_true")
     rec.add_argument(
-        "--cuda-graph", action="store_true", help="replay each training step as one CUDA graph"
+        "--cuda-graph",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="replay each training step as one CUDA graph (default: on CUDA)",
     )
     return parser
 

@@ -54,9 +54,10 @@ class ReconstructionConfig:
     seed: int = 0
     progress: bool = True
     backend: str | None = None
-    #: replay each step as one CUDA graph (CUDA only, not under torch.distributed): same steps,
-    #: without the Python launch overhead that dominates a step at these sizes
-    cuda_graph: bool = False
+    #: replay each step as one CUDA graph: the same steps without the Python launch cost that
+    #: dominates a step at these sizes. ``None``: on CUDA outside ``torch.distributed``; ``True``:
+    #: asked for (a warning and eager steps where it cannot run); ``False``: eager steps.
+    cuda_graph: bool | None = None
 
 
 @dataclass
@@ -190,16 +191,16 @@ def reconstruct(
         return loss.detach()
 
     run_step = train_step
-    if config.cuda_graph:
-        if device.type != "cuda" or distributed:
-            warnings.warn(
-                "cuda_graph needs a CUDA device and no torch.distributed process group; "
-                "running the steps eagerly",
-                stacklevel=2,
-            )
-        else:
-            prepare_optimizer_for_capture(optimizer)
-            run_step = CapturedStep(train_step, generators=[gen])
+    graph_possible = device.type == "cuda" and not distributed
+    if config.cuda_graph and not graph_possible:
+        warnings.warn(
+            "cuda_graph needs a CUDA device and no torch.distributed process group; "
+            "running the steps eagerly",
+            stacklevel=2,
+        )
+    elif graph_possible and config.cuda_graph is not False:
+        prepare_optimizer_for_capture(optimizer)
+        run_step = CapturedStep(train_step, generators=[gen])
     best, bad, stopped = math.inf, 0, False
     end = config.steps if stop_at is None else min(stop_at, config.steps)
     bar = tqdm(range(step0, end), disable=not config.progress or rank != 0, desc="reconstruct")
