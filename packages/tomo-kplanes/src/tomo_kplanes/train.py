@@ -165,7 +165,8 @@ def reconstruct(
         inner.load_state_dict(state["field"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        gen.set_state(state["generator"].cpu() if device.type == "cpu" else state["generator"])
+        # generator states are host byte tensors on every device (map_location moved it)
+        gen.set_state(state["generator"].cpu())
         step0, losses, held_losses = state["step"], state["losses"], state["holdout_losses"]
 
     batch = min(config.rays_per_batch, max(1, train_rays.numel()))
