@@ -82,8 +82,11 @@ def _same_dtype(scores: torch.Tensor, *like: torch.Tensor) -> torch.Tensor:
     return scores.to(torch.promote_types(like[0].dtype, like[1].dtype))
 
 
-def _make_colbert_scores(original):
-    def colbert_scores(
+def _make_maxsim_scores(original, doc_rank: int):
+    """``colbert_scores`` (documents ``(Nd, Ld, d)``, ``doc_rank=3``) or ``colbert_kd_scores``
+    (each query's own documents ``(Nq, K, Ld, d)``, ``doc_rank=4``) on :func:`maxsim`."""
+
+    def scores_fn(
         queries_embeddings,
         documents_embeddings,
         queries_mask=None,
@@ -92,32 +95,21 @@ def _make_colbert_scores(original):
     ):
         q, d = queries_embeddings, documents_embeddings
         masks = (queries_mask, documents_mask)
-        if not _wants_kernels(backend, q, d, masks=masks) or q.dim() != 3 or d.dim() != 3:
+        if not _wants_kernels(backend, q, d, masks=masks) or q.dim() != 3 or d.dim() != doc_rank:
             return original(q, d, queries_mask, documents_mask, **_backend_kwargs(backend))
         maxsim, _ = kernels()
         scores = maxsim(q, zero_masked_tokens(d, documents_mask), as_bool_mask(queries_mask))
         return _same_dtype(scores, q, d)
 
-    return functools.wraps(original)(colbert_scores)
+    return functools.wraps(original)(scores_fn)
+
+
+def _make_colbert_scores(original):
+    return _make_maxsim_scores(original, doc_rank=3)
 
 
 def _make_colbert_kd_scores(original):
-    def colbert_kd_scores(
-        queries_embeddings,
-        documents_embeddings,
-        queries_mask=None,
-        documents_mask=None,
-        backend: str | None = None,
-    ):
-        q, d = queries_embeddings, documents_embeddings
-        masks = (queries_mask, documents_mask)
-        if not _wants_kernels(backend, q, d, masks=masks) or q.dim() != 3 or d.dim() != 4:
-            return original(q, d, queries_mask, documents_mask, **_backend_kwargs(backend))
-        maxsim, _ = kernels()
-        scores = maxsim(q, zero_masked_tokens(d, documents_mask), as_bool_mask(queries_mask))
-        return _same_dtype(scores, q, d)
-
-    return functools.wraps(original)(colbert_kd_scores)
+    return _make_maxsim_scores(original, doc_rank=4)
 
 
 def _pad_uneven(rows: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
