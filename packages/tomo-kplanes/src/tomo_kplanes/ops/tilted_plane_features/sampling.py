@@ -73,6 +73,8 @@ def plane_offsets(u, v, W, H, stride_h, stride_w):
 @triton.jit
 def sample_plane(plane_ptr, c_off, mask, u, v, W, H, stride_h, stride_w):
     """``(BLOCK_N, BLOCK_C)`` bilinear samples; ``c_off`` is ``channel · stride_c`` (1, BLOCK_C)."""
+    # kept apart from sample_plane_with_slopes: calling that and dropping the slopes measured
+    # 0.166 -> 0.22 ms for the forward at 204,800 points on an H100
     o00, o01, o10, o11, fu, fv, _su, _sv = plane_offsets(u, v, W, H, stride_h, stride_w)
     v00 = tl.load(plane_ptr + o00[:, None] + c_off, mask=mask, other=0.0)
     v01 = tl.load(plane_ptr + o01[:, None] + c_off, mask=mask, other=0.0)
