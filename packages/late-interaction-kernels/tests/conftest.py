@@ -36,3 +36,14 @@ def compile_on_hopper():
         assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def fresh_plans():
+    """Plans capture module settings (chunk sizes, split limits) that tests patch: start each test
+    without them."""
+    from triton_dispatch.launch import clear_plan_caches
+
+    clear_plan_caches()
+    yield
+    clear_plan_caches()

@@ -13,8 +13,18 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from _baselines import ema_step, index_add_statistics, onehot_statistics
 
-from triton_dispatch.bench import benchmark_arguments, compare, median_ms, report
+from triton_dispatch.bench import (
+    BenchRecord,
+    benchmark_arguments,
+    compare,
+    environment,
+    median_ms,
+    report,
+    wall_ms_per_call,
+)
+from triton_dispatch.launch import clear_plan_caches
 from vq_kernels import ema_update_
+from vq_kernels.ops.ema_update import kernels
 
 SHAPES = [(640, 256, 64), (4096, 256, 64), (16384, 1024, 64), (65536, 256, 64), (65536, 4096, 128)]
 
@@ -28,6 +38,19 @@ def state(num_codes, dim, device):
         codebook.clone(),
         torch.zeros(num_codes, dtype=torch.int32, device=device),
     ]
+
+
+def timed_with(fn, max_work, device):
+    """(do_bench ms, wall ms per call) of ``fn`` with the small-batch kernel's size limit set to
+    ``max_work`` (plans rebuilt once, then reused)."""
+    saved = kernels.SMALL_UPDATE_MAX_WORK
+    kernels.SMALL_UPDATE_MAX_WORK = max_work
+    clear_plan_caches()
+    try:
+        return median_ms(fn, device=device), wall_ms_per_call(fn, device=device)
+    finally:
+        kernels.SMALL_UPDATE_MAX_WORK = saved
+        clear_plan_caches()
 
 
 def main() -> None:
@@ -65,6 +88,17 @@ def main() -> None:
             if rec.ours_ms:
                 rec.extra["ours_over_read_x"] = rec.ours_ms / read_x_ms
             records.append(rec)
+        if dim <= kernels.SMALL_UPDATE_MAX_DIM:
+            # the crossover between the two single-launch designs (SMALL_UPDATE_MAX_WORK)
+            small_ms, small_wall = timed_with(ours, 1 << 62, device)
+            coop_ms, coop_wall = timed_with(ours, 0, device)
+            records.append(
+                BenchRecord(
+                    "ema_update small-batch kernel", shape, "ours (cooperative scatter)", coop_ms,
+                    small_ms, baseline_wall_ms=coop_wall, ours_wall_ms=small_wall,
+                    env=environment(device),
+                )
+            )
         rec = compare(
             "ema_update deterministic",
             shape,

@@ -74,3 +74,11 @@ def test_cuda_facts_and_timing():
         device="cuda",
     )
     assert rec.ours_ms > 0 and rec.ours_peak_bytes >= 4 << 20
+
+
+def test_wall_time_per_call_counts_every_call():
+    from triton_dispatch.bench import wall_ms_per_call
+
+    calls = []
+    ms = wall_ms_per_call(lambda: calls.append(1), calls=50, warmup=5)
+    assert len(calls) == 55 and ms >= 0

@@ -56,6 +56,22 @@ def median_ms(
     return statistics.median(times)
 
 
+def wall_ms_per_call(
+    fn: Callable[[], Any], *, device: torch.device | str = "cpu", calls: int = 200, warmup: int = 10
+) -> float:
+    """Wall-clock milliseconds per call of ``fn`` as a user's loop feels it: ``calls`` back-to-back
+    calls timed on the host with one synchronize at the end (host work and launch gaps included,
+    which ``do_bench``'s GPU-side events hide while the GPU queue stays full)."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls * 1e3
+
+
 def peak_memory_bytes(
     fn: Callable[[], Any], *, device: torch.device | str = "cpu", warm: bool = True
 ) -> int | None:
@@ -110,6 +126,8 @@ class BenchRecord:
     ours_ms: float | None
     baseline_peak_bytes: int | None = None
     ours_peak_bytes: int | None = None
+    baseline_wall_ms: float | None = None
+    ours_wall_ms: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -137,25 +155,29 @@ def compare(
     warmup: int = 25,
     rep: int = 100,
     measure_memory: bool = True,
+    measure_wall: bool = True,
     extra: Mapping[str, Any] | None = None,
 ) -> BenchRecord:
-    """Time ``ours`` and ``baseline`` in the same run (and their peak memory on CUDA).
+    """Time ``ours`` and ``baseline`` in the same run: ``do_bench`` median (GPU time on CUDA) and,
+    with ``measure_wall``, wall time per call (:func:`wall_ms_per_call`), and peak memory on CUDA.
 
     A baseline that raises (out of memory, say) is recorded with ``baseline_ms=None`` and the
     exception's text in ``extra['baseline_error']``.
     """
     info: dict[str, Any] = dict(extra or {})
-    base_ms = base_peak = None
+    base_ms = base_peak = base_wall = None
     if baseline is not None:
         try:
             base_peak = peak_memory_bytes(baseline, device=device) if measure_memory else None
             base_ms = median_ms(baseline, device=device, warmup=warmup, rep=rep)
+            base_wall = wall_ms_per_call(baseline, device=device) if measure_wall else None
         except Exception as exc:
             info["baseline_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
             if torch.device(device).type == "cuda":
                 torch.cuda.empty_cache()
     our_peak = peak_memory_bytes(ours, device=device) if measure_memory else None
     our_ms = median_ms(ours, device=device, warmup=warmup, rep=rep)
+    our_wall = wall_ms_per_call(ours, device=device) if measure_wall else None
     return BenchRecord(
         name=name,
         shape=dict(shape),
@@ -164,6 +186,8 @@ def compare(
         ours_ms=our_ms,
         baseline_peak_bytes=base_peak,
         ours_peak_bytes=our_peak,
+        baseline_wall_ms=base_wall,
+        ours_wall_ms=our_wall,
         env=environment(device),
         extra=info,
     )
@@ -179,7 +203,10 @@ def _fmt_mb(v: int | None) -> str:
 
 def format_table(records: Iterable[BenchRecord]) -> str:
     """A plain-text table: name, shape, baseline, ms, ours ms, ratio, peak MiB."""
-    rows = [("case", "shape", "baseline", "base ms", "ours ms", "ratio", "base MiB", "ours MiB")]
+    rows = [
+        ("case", "shape", "baseline", "base ms", "ours ms", "ratio", "base wall", "ours wall",
+         "base MiB", "ours MiB"),
+    ]  # fmt: skip
     for r in records:
         shape = ",".join(f"{k}={v}" for k, v in r.shape.items())
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}x"
@@ -191,6 +218,8 @@ def format_table(records: Iterable[BenchRecord]) -> str:
                 _fmt_ms(r.baseline_ms),
                 _fmt_ms(r.ours_ms),
                 ratio,
+                _fmt_ms(r.baseline_wall_ms),
+                _fmt_ms(r.ours_wall_ms),
                 _fmt_mb(r.baseline_peak_bytes),
                 _fmt_mb(r.ours_peak_bytes),
             )

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import os
+from typing import NamedTuple
+
 import torch
 
-from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch import BACKEND_ENV_VAR, common_device, select_backend, uses_triton
+from triton_dispatch.launch import PlanCache, tensor_key
 
 from .layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN
 from .op import maxsim_forward
@@ -141,7 +146,55 @@ def maxsim(
 
     Returns:
         float32 scores (float64 for float64 inputs). Differentiable w.r.t. ``Q`` and ``D``.
+
+    Eager calls resolve everything that depends only on the arguments' metadata once per kind of
+    call (see :mod:`triton_dispatch.launch`); a repeat call binds the tensors and launches.
     """
+    if not torch.compiler.is_compiling():
+        key = call_key(Q, D, q_mask, d_mask, normalize, backward, backend)
+        if key is not None:
+            plan = _MAXSIM_PLANS.get(
+                key, lambda: _maxsim_plan(Q, D, q_mask, d_mask, normalize, backward, backend)
+            )
+            return plan(Q, D, q_mask, d_mask)
+    call = _resolve_maxsim(Q, D, q_mask, d_mask, normalize, backward, backend)
+    return _run(call, Q, D, q_mask, d_mask)
+
+
+_MAXSIM_PLANS: PlanCache = PlanCache("late_interaction_kernels.maxsim")
+_PAIRS_PLANS: PlanCache = PlanCache("late_interaction_kernels.maxsim_pairs")
+
+
+def call_key(Q, D, q_mask, d_mask, *flags) -> tuple | None:
+    """The plan key of a padded-layout call, or ``None`` when an argument is not what a plan can
+    describe (the call then takes the validating path, which raises the clear error)."""
+    try:
+        key = (
+            tensor_key(Q), tensor_key(D), tensor_key(q_mask), tensor_key(d_mask), *flags,
+            os.environ.get(BACKEND_ENV_VAR), torch.is_grad_enabled(),
+        )  # fmt: skip
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
+
+
+class _Call(NamedTuple):
+    """A validated padded-layout call: what the kernels need besides the tensors."""
+
+    layout: int
+    n_query: int
+    n_doc: int
+    lq: int
+    ld: int
+    dim: int
+    backend: str
+    method: str
+    normalize: bool
+    out_shape: tuple[int, ...]
+
+
+def _resolve_maxsim(Q, D, q_mask, d_mask, normalize, backward, backend) -> _Call:
     _check_tensor("Q", Q, 3, "(Nq, Lq, d)")
     _check_tensor("D", D, (3, 4), "(Nd, Ld, d) or (Nq, K, Ld, d)")
     _check_pair(Q, D)
@@ -153,16 +206,39 @@ def maxsim(
     layout = ALL_PAIRS if D.dim() == 3 else GROUPED
     n_doc = D.shape[0] if layout == ALL_PAIRS else D.shape[1]
     ld = D.shape[-2]
-    q_mask = _check_mask("q_mask", q_mask, (nq, lq))
-    d_mask = _check_mask("d_mask", d_mask, tuple(D.shape[:-1]))
+    _check_mask("q_mask", q_mask, (nq, lq))
+    _check_mask("d_mask", d_mask, tuple(D.shape[:-1]))
     chosen = _backend_for([Q, D, q_mask, d_mask], ["Q", "D", "q_mask", "d_mask"], backend)
     method = resolve_backward(backward, layout, nq, n_doc)
     normalize = _check_normalize(normalize)
-    out_shape = (nq, n_doc)
     _no_grad_through_empty_docs(ld, Q, D)
+    return _Call(layout, nq, n_doc, lq, ld, d, chosen, method, normalize, (nq, n_doc))
+
+
+def _resolve_pairs(Q, D, q_mask, d_mask, normalize, backward, backend) -> _Call:
+    _check_tensor("Q", Q, 3, "(B, Lq, d)")
+    _check_tensor("D", D, 3, "(B, Ld, d)")
+    _check_pair(Q, D)
+    b, lq, d = Q.shape
+    if D.shape[0] != b:
+        raise ValueError(f"Q and D must hold the same number of pairs B; got {b} and {D.shape[0]}")
+    ld = D.shape[1]
+    _check_mask("q_mask", q_mask, (b, lq))
+    _check_mask("d_mask", d_mask, (b, ld))
+    chosen = _backend_for([Q, D, q_mask, d_mask], ["Q", "D", "q_mask", "d_mask"], backend)
+    method = resolve_backward(backward, PAIRS, b, 1)
+    normalize = _check_normalize(normalize)
+    _no_grad_through_empty_docs(ld, Q, D)
+    return _Call(PAIRS, b, 1, lq, ld, d, chosen, method, normalize, (b,))
+
+
+def _run(call: _Call, Q, D, q_mask, d_mask) -> torch.Tensor:
+    """The validated call through :func:`maxsim_forward` (custom op under ``torch.compile``)."""
+    layout, nq, n_doc, lq, ld, d, chosen, method, normalize, out_shape = call
     if nq == 0 or n_doc == 0 or lq == 0 or ld == 0:
         return _zeros(out_shape, Q, D)
-    dm = None if d_mask is None else d_mask.reshape(-1, ld)
+    q_mask = None if q_mask is None else q_mask.contiguous()
+    dm = None if d_mask is None else d_mask.contiguous().reshape(-1, ld)
     scores, _ = maxsim_forward(
         Q.reshape(nq * lq, d).contiguous(),
         D.reshape(-1, d).contiguous(),
@@ -170,6 +246,48 @@ def maxsim(
         layout, nq, n_doc, lq, ld, _needs_grad(Q, D), chosen, method, normalize,
     )  # fmt: skip
     return scores.view(out_shape)
+
+
+def _plan(call: _Call, Q, D, q_mask, d_mask):
+    """The eager plan of a validated call. Inference on the Triton backend binds the forward
+    plan directly (views of contiguous inputs, one output allocation, one launch); every other
+    call runs :func:`_run`."""
+    layout, nq, n_doc, lq, ld, d, chosen, _, normalize, out_shape = call
+    degenerate = nq == 0 or n_doc == 0 or lq == 0 or ld == 0
+    if degenerate or chosen != "triton" or _needs_grad(Q, D):
+        return lambda Q, D, q_mask, d_mask: _run(call, Q, D, q_mask, d_mask)
+    from .forward import FORWARD_PLANS, ForwardPlan
+
+    meta = (
+        layout, nq, n_doc, lq, ld, d, Q.dtype, Q.device, q_mask is not None, d_mask is not None,
+        False, normalize,
+    )  # fmt: skip
+    forward = FORWARD_PLANS.get(meta, lambda: ForwardPlan(*meta))
+    q_rows, d_rows = nq * lq, math.prod(D.shape[:-1])
+    views = Q.is_contiguous() and D.is_contiguous()
+    masks_contiguous = all(m is None or m.is_contiguous() for m in (q_mask, d_mask))
+    if views and masks_contiguous and q_mask is None and d_mask is None:
+
+        def run(Q, D, q_mask, d_mask):
+            return forward(Q.view(q_rows, d), D.view(d_rows, d), None, None, None, None)[0].view(
+                out_shape
+            )
+
+        return run
+
+    def run_general(Q, D, q_mask, d_mask):
+        q_mask = None if q_mask is None else q_mask.contiguous()
+        dm = None if d_mask is None else d_mask.contiguous().view(-1, ld)
+        Q2 = Q.reshape(q_rows, d).contiguous()
+        D2 = D.reshape(d_rows, d).contiguous()
+        return forward(Q2, D2, q_mask, dm, None, None)[0].view(out_shape)
+
+    return run_general
+
+
+def _maxsim_plan(Q, D, q_mask, d_mask, normalize, backward, backend):
+    call = _resolve_maxsim(Q, D, q_mask, d_mask, normalize, backward, backend)
+    return _plan(call, Q, D, q_mask, d_mask)
 
 
 def maxsim_pairs(
@@ -186,28 +304,19 @@ def maxsim_pairs(
 
     Masks ``q_mask (B, Lq)`` and ``d_mask (B, Ld)``; other arguments as in :func:`maxsim`.
     """
-    _check_tensor("Q", Q, 3, "(B, Lq, d)")
-    _check_tensor("D", D, 3, "(B, Ld, d)")
-    _check_pair(Q, D)
-    b, lq, d = Q.shape
-    if D.shape[0] != b:
-        raise ValueError(f"Q and D must hold the same number of pairs B; got {b} and {D.shape[0]}")
-    ld = D.shape[1]
-    q_mask = _check_mask("q_mask", q_mask, (b, lq))
-    d_mask = _check_mask("d_mask", d_mask, (b, ld))
-    chosen = _backend_for([Q, D, q_mask, d_mask], ["Q", "D", "q_mask", "d_mask"], backend)
-    method = resolve_backward(backward, PAIRS, b, 1)
-    normalize = _check_normalize(normalize)
-    _no_grad_through_empty_docs(ld, Q, D)
-    if b == 0 or lq == 0 or ld == 0:
-        return _zeros((b,), Q, D)
-    scores, _ = maxsim_forward(
-        Q.reshape(b * lq, d).contiguous(),
-        D.reshape(b * ld, d).contiguous(),
-        q_mask, d_mask, None, None,
-        PAIRS, b, 1, lq, ld, _needs_grad(Q, D), chosen, method, normalize,
-    )  # fmt: skip
-    return scores
+    if not torch.compiler.is_compiling():
+        key = call_key(Q, D, q_mask, d_mask, normalize, backward, backend)
+        if key is not None:
+            plan = _PAIRS_PLANS.get(
+                key,
+                lambda: _plan(
+                    _resolve_pairs(Q, D, q_mask, d_mask, normalize, backward, backend),
+                    Q, D, q_mask, d_mask,
+                ),
+            )
+            return plan(Q, D, q_mask, d_mask)
+    call = _resolve_pairs(Q, D, q_mask, d_mask, normalize, backward, backend)
+    return _run(call, Q, D, q_mask, d_mask)
 
 
 def _check_cu(name: str, cu) -> None:

@@ -22,6 +22,7 @@ from triton_dispatch import (
     tile_shared_memory,
 )
 from triton_dispatch.autotune import prune_by_shared_memory
+from triton_dispatch.launch import KernelLaunch, PlanCache
 
 from .buffers import output_buffer
 from .layout import ALL_PAIRS, GROUPED, VARLEN, num_pairs
@@ -141,12 +142,12 @@ def maxsim_fwd_kernel(
     CUD,
     PARTIAL,
     ARGMAX,
+    d_bound,
     n_doc,
     lq,
     ld,
     chunk_len,
     n_chunks,
-    d_bound,
     dim,
     LQ_BUCKET,
     LAYOUT: tl.constexpr,
@@ -343,6 +344,87 @@ def dot_settings(dtype: torch.dtype) -> tuple[bool, bool]:
     return upcast, dtype == torch.float32
 
 
+class ForwardPlan:
+    """Everything a forward launch needs that depends only on metadata: chunking, kernel, grid,
+    constexprs and output shapes. Built once per key (:data:`FORWARD_PLANS`); a call allocates the
+    outputs and launches."""
+
+    def __init__(
+        self, layout, n_query, n_doc, lq, ld, dim, dtype, device, has_qm, has_dm, save_argmax,
+        normalize,
+    ):  # fmt: skip
+        self.n_pairs = n_pairs = num_pairs(layout, n_query, n_doc)
+        self.lq = lq
+        self.device = device
+        self.save_argmax = save_argmax
+        self.varlen = layout == VARLEN
+        chunk_len, self.n_chunks = chunking(lq)
+        upcast, ieee = dot_settings(dtype)
+        flags = dict(
+            HAS_QM=has_qm, HAS_DM=has_dm, SAVE_ARGMAX=save_argmax, UPCAST=upcast,
+            NORMALIZE=normalize, NORM_EPS=NORM_EPS, IEEE=ieee, EVEN_K=dim == padded_dim(dim),
+            BLOCK_K=padded_dim(dim),
+        )  # fmt: skip
+        self.no_argmax = torch.empty((0,), dtype=torch.int32, device=device)
+        if layout == ALL_PAIRS and n_query >= MIN_GROUP_QUERIES and lq <= MAX_GROUP_QUERY_LEN:
+            group = padded_dim(lq)
+            self.n_chunks = 1
+            self.launch = KernelLaunch(
+                maxsim_fwd_query_group_kernel,
+                lambda meta: (n_doc * triton.cdiv(n_query, meta["BLOCK_Q"] // group),),
+                dict(n_query=n_query, n_doc=n_doc, lq=lq, ld=ld, dim=dim, QGROUP=group, **flags),
+                device=device,
+            )
+            self.per_call = ("Q", "D", "QM", "DM", "PARTIAL", "ARGMAX")
+        else:
+            self.launch = KernelLaunch(
+                maxsim_fwd_kernel,
+                (n_pairs, self.n_chunks),
+                dict(
+                    n_doc=max(n_doc, 1), lq=lq, ld=ld, chunk_len=chunk_len,
+                    n_chunks=self.n_chunks, dim=dim,
+                    LQ_BUCKET=shape_bucket(chunk_len, minimum=16, maximum=512), LAYOUT=layout,
+                    DYNAMIC_BOUNDS=not interpreter_enabled(), **flags,
+                ),
+                device=device,
+            )
+            self.per_call = ("Q", "D", "QM", "DM", "CUQ", "CUD", "PARTIAL", "ARGMAX", "d_bound")
+        assert tuple(self.launch.free) == self.per_call, self.launch.free
+
+    def __call__(self, Q2, D2, q_mask, d_mask, cu_q, cu_d) -> tuple[torch.Tensor, torch.Tensor]:
+        n_pairs, lq = self.n_pairs, self.lq
+        partial = output_buffer((n_pairs, self.n_chunks), dtype=torch.float32, device=self.device)
+        if not self.save_argmax:
+            argmax = self.no_argmax
+        elif self.varlen:  # slots past a query's own length are never written
+            argmax = torch.full((n_pairs, lq), -1, dtype=torch.int32, device=self.device)
+        else:
+            argmax = output_buffer((n_pairs, lq), dtype=torch.int32, device=self.device)
+        if n_pairs == 0:
+            return partial.sum(1), argmax
+        qm = q_mask.view(torch.uint8) if q_mask is not None else partial
+        dm = d_mask.view(torch.uint8) if d_mask is not None else partial
+        if len(self.per_call) == 6:
+            self.launch(Q2, D2, qm, dm, partial, argmax)
+            return partial.view(n_pairs), argmax
+        d_bound = 0
+        if self.varlen:
+            # only the interpreter's static loops read it; they need the longest document
+            d_bound = int((cu_d[1:] - cu_d[:-1]).max()) if interpreter_enabled() else 0
+        else:
+            d_bound = self.launch.bound["ld"]
+        self.launch(
+            Q2, D2, qm, dm, cu_q if cu_q is not None else partial,
+            cu_d if cu_d is not None else partial, partial, argmax, d_bound,
+        )  # fmt: skip
+        scores = partial.view(n_pairs) if self.n_chunks == 1 else partial.sum(1)
+        return scores, argmax
+
+
+#: Forward plans by metadata (the placeholders for absent masks are never read).
+FORWARD_PLANS: PlanCache[ForwardPlan] = PlanCache("late_interaction_kernels.maxsim_forward")
+
+
 def maxsim_forward_triton(
     Q2: torch.Tensor,
     D2: torch.Tensor,
@@ -358,77 +440,23 @@ def maxsim_forward_triton(
     save_argmax: bool,
     normalize: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores ``(pairs,)`` fp32 and, when ``save_argmax``, argmax rows ``(pairs, lq)`` int32."""
-    n_pairs = num_pairs(layout, n_query, n_doc)
-    dim = Q2.shape[-1]
-    chunk_len, n_chunks = chunking(lq)
-    partial = output_buffer((n_pairs, n_chunks), dtype=torch.float32, device=Q2.device)
-    if save_argmax:
-        if layout == VARLEN:  # slots past a query's own length are never written
-            argmax = torch.full((n_pairs, lq), -1, dtype=torch.int32, device=Q2.device)
-        else:
-            argmax = output_buffer((n_pairs, lq), dtype=torch.int32, device=Q2.device)
-    else:
-        argmax = torch.empty((0,), dtype=torch.int32, device=Q2.device)
-    if n_pairs == 0:
-        return partial.sum(1), argmax
-    upcast, ieee = dot_settings(Q2.dtype)
-    d_bound = ld
-    if layout == VARLEN:
-        # only the interpreter's static loops read it; they need the longest document
-        d_bound = int((cu_d[1:] - cu_d[:-1]).max()) if interpreter_enabled() else 0
-    dummy = partial  # never read when the matching HAS_* flag is off
-    if layout == ALL_PAIRS and n_query >= MIN_GROUP_QUERIES and lq <= MAX_GROUP_QUERY_LEN:
-        group = padded_dim(lq)
-        grid = lambda meta: (n_doc * triton.cdiv(n_query, meta["BLOCK_Q"] // group),)
-        maxsim_fwd_query_group_kernel[grid](
-            Q2, D2,
-            q_mask.view(torch.uint8) if q_mask is not None else dummy,
-            d_mask.view(torch.uint8) if d_mask is not None else dummy,
-            partial, argmax, n_query, n_doc, lq, ld, dim,
-            QGROUP=group, HAS_QM=q_mask is not None, HAS_DM=d_mask is not None,
-            SAVE_ARGMAX=save_argmax, UPCAST=upcast, NORMALIZE=normalize, NORM_EPS=NORM_EPS,
-            IEEE=ieee, EVEN_K=dim == padded_dim(dim), BLOCK_K=padded_dim(dim),
-        )  # fmt: skip
-        return partial[:, 0], argmax
-    maxsim_fwd_kernel[(n_pairs, n_chunks)](
-        Q2,
-        D2,
-        q_mask.view(torch.uint8) if q_mask is not None else dummy,
-        d_mask.view(torch.uint8) if d_mask is not None else dummy,
-        cu_q if cu_q is not None else dummy,
-        cu_d if cu_d is not None else dummy,
-        partial,
-        argmax,
-        max(n_doc, 1),
-        lq,
-        ld,
-        chunk_len,
-        n_chunks,
-        d_bound,
-        dim,
-        shape_bucket(chunk_len, minimum=16, maximum=512),
-        LAYOUT=layout,
-        HAS_QM=q_mask is not None,
-        HAS_DM=d_mask is not None,
-        SAVE_ARGMAX=save_argmax,
-        UPCAST=upcast,
-        NORMALIZE=normalize,
-        NORM_EPS=NORM_EPS,
-        IEEE=ieee,
-        DYNAMIC_BOUNDS=not interpreter_enabled(),
-        EVEN_K=dim == padded_dim(dim),
-        BLOCK_K=padded_dim(dim),
-    )
-    scores = partial[:, 0] if n_chunks == 1 else partial.sum(1)
-    return scores, argmax
+    """Scores ``(pairs,)`` fp32 and, when ``save_argmax``, argmax rows ``(pairs, lq)`` int32
+    (an empty int32 tensor otherwise). Inputs contiguous."""
+    meta = (
+        layout, n_query, n_doc, lq, ld, Q2.shape[-1], Q2.dtype, Q2.device, q_mask is not None,
+        d_mask is not None, save_argmax, normalize,
+    )  # fmt: skip
+    plan = FORWARD_PLANS.get(meta, lambda: ForwardPlan(*meta))
+    return plan(Q2, D2, q_mask, d_mask, cu_q, cu_d)
 
 
 __all__ = [
     "ALL_PAIRS",
+    "FORWARD_PLANS",
     "GROUPED",
     "LONG_QUERY_THRESHOLD",
     "QUERY_CHUNK",
+    "ForwardPlan",
     "chunking",
     "maxsim_forward_triton",
 ]

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from typing import NamedTuple
+
 import torch
 
-from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch import BACKEND_ENV_VAR, common_device, select_backend, uses_triton
+from triton_dispatch.launch import PlanCache, tensor_key
 
 from .._validation import (
     require_contiguous,
@@ -307,6 +311,58 @@ def ema_update_(
     ``B = 0`` without a process group is a documented no-op: nothing changes (counters included)
     and no code is restarted.
     """
+    if process_group is None and not torch.compiler.is_compiling():
+        try:
+            key = (
+                tensor_key(x), tensor_key(codes), tensor_key(codebook), tensor_key(cluster_size),
+                tensor_key(embed_sum), tensor_key(steps_since_active), tensor_key(candidates),
+                decay, eps, semantics, dead_threshold, deterministic, check_codes, backend,
+                None if generator is None else generator.device, os.environ.get(BACKEND_ENV_VAR),
+            )  # fmt: skip
+            hash(key)
+        except (AttributeError, TypeError):
+            key = None
+        if key is not None:
+            plan = _PLANS.get(
+                key,
+                lambda: _plan_update(
+                    x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps,
+                    semantics, dead_threshold, candidates, generator, deterministic, check_codes,
+                    backend,
+                ),
+            )
+            return plan(x, codes, codebook, cluster_size, embed_sum, steps_since_active, candidates, generator)
+    call = _resolve_update(
+        x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
+        dead_threshold, candidates, generator, backend,
+    )  # fmt: skip
+    return _apply_update(
+        call, x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps,
+        semantics, candidates, generator, deterministic, process_group, check_codes,
+    )  # fmt: skip
+
+
+_PLANS: PlanCache = PlanCache("vq_kernels.ema_update_")
+
+
+class _Update(NamedTuple):
+    """A validated update: sizes, the restart threshold, device and backend."""
+
+    stacked: bool
+    levels: int
+    batch: int
+    num_codes: int
+    dim: int
+    threshold: float | None
+    device: torch.device
+    chosen: str
+
+
+def _resolve_update(
+    x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
+    dead_threshold, candidates, generator, backend,
+) -> _Update:  # fmt: skip
+    """Every check that needs only metadata; the clear errors of :func:`ema_update_`."""
     for name, t in (
         ("x", x),
         ("codes", codes),
@@ -381,17 +437,21 @@ def ema_update_(
         if t is not None:
             require_contiguous(name, t)
     chosen = select_backend(device=device, backend=backend)
+    return _Update(stacked, levels, batch, num_codes, dim, threshold, device, chosen)
 
+
+def _apply_update(
+    call, x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
+    candidates, generator, deterministic, process_group, check_codes,
+) -> torch.Tensor:  # fmt: skip
+    """The update on any backend, after :func:`_resolve_update`."""
+    stacked, levels, batch, num_codes, dim, threshold, device, chosen = call
     if batch == 0 and process_group is None:
         return torch.zeros(cluster_size.shape, dtype=torch.bool, device=device)
     if check_codes is None:
         check_codes = device.type != "cuda"
-    if check_codes and batch > 0 and codes.numel() > 0:
-        low, high = int(codes.min()), int(codes.max())
-        if low < 0 or high >= num_codes:
-            raise ValueError(
-                f"codes must lie in [0, K) = [0, {num_codes}); got values in [{low}, {high}]"
-            )
+    if check_codes:
+        _check_code_range(codes, num_codes)
 
     x3 = x.detach() if stacked else x.detach().unsqueeze(0)
     codes3 = codes if stacked else codes.unsqueeze(0)
@@ -485,3 +545,70 @@ def ema_update_(
     else:
         replaced = _ema_apply_impl(cb3, size3, sum3, counter3, *apply_args)
     return replaced if stacked else replaced[0]
+
+
+def _check_code_range(codes: torch.Tensor, num_codes: int) -> None:
+    """The opt-in value check (reads two numbers back: a device sync on CUDA)."""
+    if codes.numel() > 0:
+        low, high = int(codes.min()), int(codes.max())
+        if low < 0 or high >= num_codes:
+            raise ValueError(
+                f"codes must lie in [0, K) = [0, {num_codes}); got values in [{low}, {high}]"
+            )
+
+
+def _plan_update(
+    x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
+    dead_threshold, candidates, generator, deterministic, check_codes, backend,
+):  # fmt: skip
+    """The eager plan of a validated update: small active-only batches bind the single-launch
+    small-batch kernel (no scratch, no zero-fill, no atomics); everything else runs
+    :func:`_apply_update`."""
+    call = _resolve_update(
+        x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
+        dead_threshold, candidates, generator, backend,
+    )  # fmt: skip
+    _, levels, batch, num_codes, dim, threshold, device, chosen = call
+    from .kernels import small_update_fits, small_update_launch
+
+    fast = (
+        uses_triton(chosen)
+        and semantics == "active_only"
+        and not deterministic
+        and x.dtype != torch.float64
+        and cluster_size.dtype == torch.float32
+        and steps_since_active is not None
+        and batch > 0
+        and x.is_contiguous()
+        and codes.is_contiguous()
+        and (candidates is None or candidates.is_contiguous())
+        and small_update_fits(batch, num_codes, dim)
+    )
+    if not fast:
+
+        def general(x, codes, codebook, cluster_size, embed_sum, steps, candidates, generator):
+            return _apply_update(
+                call, x, codes, codebook, cluster_size, embed_sum, steps, decay, eps, semantics,
+                candidates, generator, deterministic, None, check_codes,
+            )  # fmt: skip
+
+        return general
+
+    launch = small_update_launch(levels, batch, num_codes, dim, device, decay, eps, threshold)
+    check = check_codes if check_codes is not None else device.type != "cuda"
+    shape = cluster_size.shape
+
+    def small(x, codes, codebook, cluster_size, embed_sum, steps, candidates, generator):
+        if check:
+            _check_code_range(codes, num_codes)
+        if threshold is None:
+            cand = steps  # never read as a row index without restarts
+        elif candidates is None:
+            cand = torch.randint(0, batch, shape, generator=generator, device=device)
+        else:
+            cand = candidates  # clamped into [0, B) by the kernel
+        replaced = torch.empty(shape, dtype=torch.bool, device=device)
+        launch(x, codes, codebook, cluster_size, embed_sum, steps, cand, replaced)
+        return replaced
+
+    return small

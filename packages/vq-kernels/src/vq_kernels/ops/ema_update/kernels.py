@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from triton_dispatch import device_facts, padded_dim
+from triton_dispatch.launch import KernelLaunch
 
 # Rows × padded columns held by one scatter program: enough to hide latency, small enough for
 # registers.
@@ -184,37 +185,14 @@ def segment_statistics_kernel(
 
 
 @triton.jit
-def _epilogue_codes(
-    codebook_ptr,
-    size_ptr,
-    sum_ptr,
-    counter_ptr,
-    counts_ptr,
-    sums_ptr,
-    total_ptr,
-    src_ptr,
-    cand_ptr,
-    replaced_ptr,
-    block,
-    rows_per_level,
-    LK,
-    K,
-    D,
-    decay,
-    eps,
-    threshold,
-    reset_size,
-    DECAY_ALL: tl.constexpr,
-    HAS_THRESHOLD: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    """The epilogue of codes ``block·BLOCK_K …`` of all L·K codes; see
-    ``reference.ema_apply_reference_`` for the math. The batch statistics are loaded past L1
-    (``.cg``): in the fused kernel other programs' atomics wrote them during this launch."""
-    g = block * BLOCK_K + tl.arange(0, BLOCK_K)
-    gm = g < LK
-    count = tl.load(counts_ptr + g, mask=gm, other=0.0, cache_modifier=".cg")
+def _code_update(
+    size_ptr, counter_ptr, total_ptr, src_ptr, cand_ptr, g, gm, count, rows_per_level, K, D,
+    decay, eps, threshold,
+    DECAY_ALL: tl.constexpr, HAS_THRESHOLD: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """The per-code half of the epilogue of global codes ``g`` (level·K + code) given this batch's
+    ``count``: new cluster size and counter, which codes blend/refresh (and the refresh divisor),
+    and which restart from which source row."""
     size = tl.load(size_ptr + g, mask=gm, other=0.0)
     counter = tl.load(counter_ptr + g, mask=gm, other=0)
     active = count > 0
@@ -232,17 +210,15 @@ def _epilogue_codes(
         blend = active
     denom = tl.where(refresh, denom, 1.0)
     new_counter = tl.where(active, 0, counter + 1)
-
-    cols = tl.arange(0, BLOCK_D)
-    row = (g // K).to(tl.int64) * rows_per_level + tl.load(cand_ptr + g, mask=gm, other=0).to(
-        tl.int64
-    )
+    cand = tl.load(cand_ptr + g, mask=gm, other=0).to(tl.int64)
+    row = (g // K).to(tl.int64) * rows_per_level + tl.minimum(tl.maximum(cand, 0), rows_per_level - 1)
     if HAS_THRESHOLD:
         if DECAY_ALL:
             dead = gm & (new_size < threshold)
         else:
             dead = gm & (new_counter >= threshold)
         # A restart needs the whole replacement row finite; check it before writing anything.
+        cols = tl.arange(0, BLOCK_D)
         for d0 in range(0, D, BLOCK_D):
             c = d0 + cols
             m = dead[:, None] & (c[None, :] < D)
@@ -251,143 +227,146 @@ def _epilogue_codes(
         replaced = dead
     else:
         replaced = gm & (count != count)  # all False, typed like a mask
+    return new_size, new_counter, refresh, denom, blend, replaced, row
 
-    g64 = g.to(tl.int64)
-    for d0 in range(0, D, BLOCK_D):
-        c = d0 + cols
-        m = gm[:, None] & (c[None, :] < D)
-        off = g64[:, None] * D + c[None, :]
-        old_sum = tl.load(sum_ptr + off, mask=m, other=0.0)
-        batch_sum = tl.load(sums_ptr + off, mask=m, other=0.0, cache_modifier=".cg")
-        new_sum = tl.where(blend[:, None], decay * old_sum + (1.0 - decay) * batch_sum, old_sum)
-        old_code = tl.load(codebook_ptr + off, mask=m, other=0.0).to(tl.float32)
-        new_code = tl.where(refresh[:, None], new_sum / denom[:, None], old_code)
-        rm = m & replaced[:, None]
-        r = tl.load(src_ptr + row[:, None] * D + c[None, :], mask=rm, other=0.0).to(tl.float32)
-        new_code = tl.where(replaced[:, None], r, new_code)
-        new_sum = tl.where(replaced[:, None], r * reset_size, new_sum)
-        tl.store(sum_ptr + off, new_sum, mask=m)
-        tl.store(codebook_ptr + off, new_code.to(codebook_ptr.dtype.element_ty), mask=m)
 
+@triton.jit
+def _rows_update(
+    codebook_ptr, sum_ptr, src_ptr, g, gm, c, batch_sum, refresh, denom, blend, replaced, row, D,
+    decay, reset_size,
+):  # fmt: skip
+    """The per-row half of the epilogue, for columns ``c``: EMA of the sums, codebook refresh,
+    restarts from the source rows."""
+    m = gm[:, None] & (c[None, :] < D)
+    off = g.to(tl.int64)[:, None] * D + c[None, :]
+    old_sum = tl.load(sum_ptr + off, mask=m, other=0.0)
+    new_sum = tl.where(blend[:, None], decay * old_sum + (1.0 - decay) * batch_sum, old_sum)
+    old_code = tl.load(codebook_ptr + off, mask=m, other=0.0).to(tl.float32)
+    new_code = tl.where(refresh[:, None], new_sum / denom[:, None], old_code)
+    r = tl.load(src_ptr + row[:, None] * D + c[None, :], mask=m & replaced[:, None], other=0.0)
+    r = r.to(tl.float32)
+    new_code = tl.where(replaced[:, None], r, new_code)
+    new_sum = tl.where(replaced[:, None], r * reset_size, new_sum)
+    tl.store(sum_ptr + off, new_sum, mask=m)
+    tl.store(codebook_ptr + off, new_code.to(codebook_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _code_store(size_ptr, counter_ptr, replaced_ptr, g, gm, new_size, new_counter, replaced, reset_size):
     tl.store(size_ptr + g, tl.where(replaced, reset_size, new_size), mask=gm)
-    tl.store(
-        counter_ptr + g,
-        tl.where(replaced, 0, new_counter).to(counter_ptr.dtype.element_ty),
-        mask=gm,
-    )
+    new_counter = tl.where(replaced, 0, new_counter).to(counter_ptr.dtype.element_ty)
+    tl.store(counter_ptr + g, new_counter, mask=gm)
     tl.store(replaced_ptr + g, replaced, mask=gm)
 
 
 @triton.jit
-def ema_epilogue_kernel(
-    codebook_ptr,
-    size_ptr,
-    sum_ptr,
-    counter_ptr,
-    counts_ptr,
-    sums_ptr,
-    total_ptr,
-    src_ptr,
-    cand_ptr,
-    replaced_ptr,
-    rows_per_level,
-    LK,
-    K,
-    D,
-    decay,
-    eps,
-    threshold,
-    reset_size,
-    DECAY_ALL: tl.constexpr,
-    HAS_THRESHOLD: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+def _epilogue_codes(
+    codebook_ptr, size_ptr, sum_ptr, counter_ptr, counts_ptr, sums_ptr, total_ptr, src_ptr,
+    cand_ptr, replaced_ptr, block, rows_per_level, LK, K, D, decay, eps, threshold, reset_size,
+    DECAY_ALL: tl.constexpr, HAS_THRESHOLD: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
-):
+):  # fmt: skip
+    """The epilogue of codes ``block·BLOCK_K …`` of all L·K codes from the batch statistics in
+    memory; see ``reference.ema_apply_reference_`` for the math. The statistics are loaded past L1
+    (``.cg``): in the fused kernel other programs' atomics wrote them during this launch."""
+    g = block * BLOCK_K + tl.arange(0, BLOCK_K)
+    gm = g < LK
+    count = tl.load(counts_ptr + g, mask=gm, other=0.0, cache_modifier=".cg")
+    new_size, new_counter, refresh, denom, blend, replaced, row = _code_update(
+        size_ptr, counter_ptr, total_ptr, src_ptr, cand_ptr, g, gm, count, rows_per_level, K, D,
+        decay, eps, threshold, DECAY_ALL, HAS_THRESHOLD, BLOCK_D,
+    )  # fmt: skip
+    cols = tl.arange(0, BLOCK_D)
+    for d0 in range(0, D, BLOCK_D):
+        c = d0 + cols
+        off = g.to(tl.int64)[:, None] * D + c[None, :]
+        m = gm[:, None] & (c[None, :] < D)
+        batch_sum = tl.load(sums_ptr + off, mask=m, other=0.0, cache_modifier=".cg")
+        _rows_update(
+            codebook_ptr, sum_ptr, src_ptr, g, gm, c, batch_sum, refresh, denom, blend, replaced,
+            row, D, decay, reset_size,
+        )  # fmt: skip
+    _code_store(size_ptr, counter_ptr, replaced_ptr, g, gm, new_size, new_counter, replaced, reset_size)
+
+
+@triton.jit
+def small_update_kernel(
+    x_ptr, codes_ptr, codebook_ptr, size_ptr, sum_ptr, counter_ptr, cand_ptr, replaced_ptr,
+    B, K, D, decay, eps, threshold,
+    HAS_THRESHOLD: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """The whole active-only update of one code, no atomics and no scratch: program (code, level)
+    scans the level's codes (ints only), loads just the rows assigned to its code (masked loads
+    fetch nothing else, and a chunk without one is skipped), sums them and runs the epilogue from
+    registers. Every program reads all B codes, so the work grows with B·K: the launcher uses it
+    only below a measured crossover with the scatter. ``D <= BLOCK_D``."""
+    level = tl.program_id(1)
+    k = tl.program_id(0) + tl.arange(0, 1)
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < D
+    count = tl.zeros([1], dtype=tl.float32)
+    batch_sum = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for b0 in range(0, B, BLOCK_B):
+        rows = b0 + tl.arange(0, BLOCK_B)
+        code = tl.load(codes_ptr + level * B + rows, mask=rows < B, other=-1)
+        match = code == k
+        if tl.max(match.to(tl.int32), 0) > 0:
+            tile = tl.load(
+                x_ptr + (level * B + rows).to(tl.int64)[:, None] * D + cols[None, :],
+                mask=match[:, None] & col_ok[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            keep = match & _row_is_finite(tile)
+            count += tl.sum(keep.to(tl.float32), 0)
+            batch_sum += tl.sum(tl.where(keep[:, None], tile, 0.0), 0)
+    g = level * K + k
+    gm = k < K
+    new_size, new_counter, refresh, denom, blend, replaced, row = _code_update(
+        size_ptr, counter_ptr, size_ptr, x_ptr, cand_ptr, g, gm, count, B, K, D, decay, eps,
+        threshold, False, HAS_THRESHOLD, BLOCK_D,
+    )  # fmt: skip
+    _rows_update(
+        codebook_ptr, sum_ptr, x_ptr, g, gm, cols, batch_sum[None, :], refresh, denom, blend,
+        replaced, row, D, decay, 1.0,
+    )  # fmt: skip
+    _code_store(size_ptr, counter_ptr, replaced_ptr, g, gm, new_size, new_counter, replaced, 1.0)
+
+
+@triton.jit
+def ema_epilogue_kernel(
+    codebook_ptr, size_ptr, sum_ptr, counter_ptr, counts_ptr, sums_ptr, total_ptr, src_ptr,
+    cand_ptr, replaced_ptr, rows_per_level, LK, K, D, decay, eps, threshold, reset_size,
+    DECAY_ALL: tl.constexpr, HAS_THRESHOLD: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
     """Per-code epilogue over all L·K codes, one block of codes per program."""
     _epilogue_codes(
-        codebook_ptr,
-        size_ptr,
-        sum_ptr,
-        counter_ptr,
-        counts_ptr,
-        sums_ptr,
-        total_ptr,
-        src_ptr,
-        cand_ptr,
-        replaced_ptr,
-        tl.program_id(0),
-        rows_per_level,
-        LK,
-        K,
-        D,
-        decay,
-        eps,
-        threshold,
-        reset_size,
-        DECAY_ALL,
-        HAS_THRESHOLD,
-        BLOCK_K,
-        BLOCK_D,
-    )
+        codebook_ptr, size_ptr, sum_ptr, counter_ptr, counts_ptr, sums_ptr, total_ptr, src_ptr,
+        cand_ptr, replaced_ptr, tl.program_id(0), rows_per_level, LK, K, D, decay, eps, threshold,
+        reset_size, DECAY_ALL, HAS_THRESHOLD, BLOCK_K, BLOCK_D,
+    )  # fmt: skip
 
 
 @triton.jit
 def fused_update_kernel(
-    x_ptr,
-    codes_ptr,
-    barrier_ptr,
-    codebook_ptr,
-    size_ptr,
-    sum_ptr,
-    counter_ptr,
-    counts_ptr,
-    sums_ptr,
-    total_ptr,
-    src_ptr,
-    cand_ptr,
-    replaced_ptr,
-    rows_per_level,
-    LK,
-    K,
-    D,
-    decay,
-    eps,
-    threshold,
-    reset_size,
-    DECAY_ALL: tl.constexpr,
-    HAS_THRESHOLD: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    B,
-    SINGLE_TILE: tl.constexpr,
-    SCATTER_B: tl.constexpr,
-    SCATTER_D: tl.constexpr,
-):
-    """Statistics and epilogue in one launch (non-distributed updates): a cooperative grid of
-    persistent programs scatters every row tile, meets at a grid-wide barrier, then runs the
-    epilogue over every block of codes. One launch instead of two halves the host cost of a
-    training-size update, which is mostly launch overhead. Must be launched with
-    ``launch_cooperative_grid=True`` (all programs resident, or the launch fails) and a zeroed
-    ``barrier`` counter."""
+    x_ptr, codes_ptr, barrier_ptr, codebook_ptr, size_ptr, sum_ptr, counter_ptr, counts_ptr,
+    sums_ptr, cand_ptr, replaced_ptr, B, LK, K, D, decay, eps, threshold,
+    HAS_THRESHOLD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    SINGLE_TILE: tl.constexpr, SCATTER_B: tl.constexpr, SCATTER_D: tl.constexpr,
+):  # fmt: skip
+    """Active-only statistics and epilogue in one launch (non-distributed updates): a cooperative
+    grid of persistent programs scatters every row tile, meets at a grid-wide barrier, then runs
+    the epilogue over every block of codes. Must be launched with ``launch_cooperative_grid=True``
+    (all programs resident, or the launch fails) and a zeroed ``barrier`` counter."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     levels = LK // K
     row_tiles = tl.cdiv(B, SCATTER_B)
     for t in range(pid, row_tiles * levels, nprog):
         _scatter_rows(
-            x_ptr,
-            codes_ptr,
-            counts_ptr,
-            sums_ptr,
-            t % row_tiles,
-            t // row_tiles,
-            B,
-            D,
-            K,
-            SINGLE_TILE,
-            SCATTER_B,
-            SCATTER_D,
-        )
+            x_ptr, codes_ptr, counts_ptr, sums_ptr, t % row_tiles, t // row_tiles, B, D, K,
+            SINGLE_TILE, SCATTER_B, SCATTER_D,
+        )  # fmt: skip
     # Grid barrier (the cooperative-groups pattern): every thread's atomics are issued before the
     # CTA barrier; one release increment per program publishes them; the acquire spin waits for
     # every program.
@@ -398,31 +377,12 @@ def fused_update_kernel(
         arrived = tl.atomic_add(barrier_ptr, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
     for blk in range(pid, tl.cdiv(LK, BLOCK_K), nprog):
+        # the decay-all total (unused: active-only) is any fp32 pointer; rows come from x
         _epilogue_codes(
-            codebook_ptr,
-            size_ptr,
-            sum_ptr,
-            counter_ptr,
-            counts_ptr,
-            sums_ptr,
-            total_ptr,
-            src_ptr,
-            cand_ptr,
-            replaced_ptr,
-            blk,
-            rows_per_level,
-            LK,
-            K,
-            D,
-            decay,
-            eps,
-            threshold,
-            reset_size,
-            DECAY_ALL,
-            HAS_THRESHOLD,
-            BLOCK_K,
-            BLOCK_D,
-        )
+            codebook_ptr, size_ptr, sum_ptr, counter_ptr, counts_ptr, sums_ptr, size_ptr, x_ptr,
+            cand_ptr, replaced_ptr, blk, B, LK, K, D, decay, eps, threshold, 1.0, False,
+            HAS_THRESHOLD, BLOCK_K, BLOCK_D,
+        )  # fmt: skip
 
 
 def scatter_statistics(
@@ -610,38 +570,12 @@ def fused_update(
         programs = min(work, per_sm * device_facts(x.device).sm_count)
     extra = {} if interpreting else {"launch_cooperative_grid": True}
     compiled = fused_update_kernel[(programs,)](
-        x,
-        codes,
-        barrier,
-        codebook,
-        cluster_size,
-        embed_sum,
-        counter,
-        counts,
-        sums,
-        cluster_size,  # the decay-all total: unused here
-        x,
-        candidates,
-        replaced,
-        batch,
-        total,
-        num_codes,
-        dim,
-        float(decay),
-        float(eps),
+        x, codes, barrier, codebook, cluster_size, embed_sum, counter, counts, sums, candidates,
+        replaced, batch, total, num_codes, dim, float(decay), float(eps),
         float(threshold) if threshold is not None else 0.0,
-        1.0,  # active-only restarts start from one sample
-        False,
-        threshold is not None,
-        block_k,
-        block_d,
-        batch,
-        dim <= scatter_d,
-        scatter_b,
-        scatter_d,
-        num_warps=_FUSED_WARPS,
-        **extra,
-    )
+        threshold is not None, block_k, block_d, dim <= scatter_d, scatter_b, scatter_d,
+        num_warps=_FUSED_WARPS, **extra,
+    )  # fmt: skip
     if not interpreting and regime not in _RESIDENT_PER_SM:
         _RESIDENT_PER_SM[regime] = _resident_programs(compiled, _FUSED_WARPS)
     return replaced
@@ -668,3 +602,43 @@ def triton_interpreting() -> bool:
     from triton_dispatch import interpreter_enabled
 
     return interpreter_enabled()
+
+
+#: The small-batch kernel runs while B·K is at most this and D at most
+#: :data:`SMALL_UPDATE_MAX_DIM`: there one program per code scanning every code of the batch beats the
+#: scatter's zero-fill, atomics and grid barrier. From H100 timings (BENCHMARKS.md, "small-batch
+#: kernel" rows of ``benchmarks/ema_update.py``).
+SMALL_UPDATE_MAX_WORK = 1 << 22
+SMALL_UPDATE_MAX_DIM = 256
+
+
+def small_update_fits(batch: int, num_codes: int, dim: int) -> bool:
+    return batch * num_codes <= SMALL_UPDATE_MAX_WORK and dim <= SMALL_UPDATE_MAX_DIM
+
+
+def small_update_launch(
+    levels: int,
+    batch: int,
+    num_codes: int,
+    dim: int,
+    device: torch.device,
+    decay: float,
+    eps: float,
+    threshold: float | None,
+) -> KernelLaunch:
+    """The bound launch of ``small_update_kernel``; per call it takes ``x, codes, codebook,
+    cluster_size, embed_sum, counter, candidates, replaced`` (contiguous, any leading level dim)."""
+    interpreting = triton_interpreting()
+    block_d = padded_dim(dim)
+    block_b = 16 if interpreting else min(256, max(16, 8192 // block_d))
+    return KernelLaunch(
+        small_update_kernel,
+        (num_codes, levels),
+        dict(
+            B=batch, K=num_codes, D=dim, decay=float(decay), eps=float(eps),
+            threshold=float(threshold) if threshold is not None else 0.0,
+            HAS_THRESHOLD=threshold is not None, BLOCK_B=block_b, BLOCK_D=block_d,
+        ),
+        device=device,
+        options={"num_warps": 4},
+    )

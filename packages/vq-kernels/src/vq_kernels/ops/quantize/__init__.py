@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 
-from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch import BACKEND_ENV_VAR, common_device, select_backend, uses_triton
+from triton_dispatch.launch import PlanCache, tensor_key
 
 from .._validation import require_float, require_tensor
 from .reference import METRICS, quantize_reference
@@ -70,6 +73,25 @@ def quantize(
     ``k = 1`` runs the fused Triton kernel on CUDA (memory independent of ``K``); ``k > 1`` runs a
     chunked PyTorch search (``O(B · 4096)`` memory) on every backend.
     """
+    if not torch.compiler.is_compiling():
+        try:
+            key = (
+                tensor_key(x), tensor_key(codebook), metric, k, backend,
+                os.environ.get(BACKEND_ENV_VAR),
+            )  # fmt: skip
+            hash(key)
+        except (AttributeError, TypeError):
+            key = None
+        if key is not None:
+            return _PLANS.get(key, lambda: _plan(x, codebook, metric, k, backend))(x, codebook)
+    return _quantize(x, codebook, metric, k, backend)
+
+
+_PLANS: PlanCache = PlanCache("vq_kernels.quantize")
+
+
+def _check(x, codebook, metric, k, backend) -> str:
+    """Every metadata check of :func:`quantize`; returns the backend."""
     require_tensor("x", x)
     require_tensor("codebook", codebook)
     if metric not in METRICS:
@@ -88,9 +110,13 @@ def quantize(
     require_float("codebook", codebook)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= codebook.shape[0]:
         raise ValueError(f"k must be an int in [1, K={codebook.shape[0]}], got {k!r}")
-    chosen = select_backend(
+    return select_backend(
         device=common_device([x, codebook], names=["x", "codebook"]), backend=backend
     )
+
+
+def _quantize(x, codebook, metric, k, backend) -> tuple[torch.Tensor, torch.Tensor]:
+    chosen = _check(x, codebook, metric, k, backend)
     lead = x.shape[:-1]
     flat = x.detach().reshape(-1, x.shape[-1])
     if k == 1:
@@ -101,3 +127,34 @@ def quantize(
     codes = quantize_reference(flat, codebook.detach().to(flat.dtype), metric, k)
     quantized = F.embedding(codes, codebook)
     return codes.view(*lead, k), quantized.view(*lead, k, codebook.shape[1])
+
+
+def _plan(x, codebook, metric, k, backend):
+    """The eager plan of a validated call: one-nearest searches of contiguous inputs on the
+    Triton backend bind the kernel's launch plan; everything else runs :func:`_quantize`."""
+    chosen = _check(x, codebook, metric, k, backend)
+    rows, dim = x.numel() // max(x.shape[-1], 1), x.shape[-1]
+    if not (
+        k == 1
+        and uses_triton(chosen)
+        and x.dtype != torch.float64
+        and rows > 0
+        and x.is_contiguous()
+        and codebook.is_contiguous()
+    ):
+        return lambda x, codebook: _quantize(x, codebook, metric, k, backend)
+    from .kernels import nearest_code
+
+    lead = x.shape[:-1]
+    out_shape = (*lead, dim)
+    cast = codebook.dtype != x.dtype
+
+    def run(x, codebook):
+        cb = codebook.detach()
+        if cast:
+            cb = cb.to(x.dtype)
+        norms = torch.linalg.vector_norm(cb, dim=-1, dtype=torch.float32)
+        codes = nearest_code(x.view(rows, dim), cb, norms, metric)
+        return codes.view(lead), F.embedding(codes, codebook).view(out_shape)
+
+    return run

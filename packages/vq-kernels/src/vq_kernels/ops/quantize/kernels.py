@@ -31,14 +31,13 @@ from triton_dispatch import (
     shape_bucket,
     tile_shared_memory,
 )
+from triton_dispatch.launch import KernelLaunch, PlanCache
 
 # Every BLOCK_K in the space divides this, so a split's code range is whole tiles.
 _MAX_BLOCK_K = 128
 # A K split below this many codes costs more in the merge than it gains in parallelism.
 _MIN_CODES_PER_SPLIT = 512
 COSINE_EPS: tl.constexpr = tl.constexpr(1e-12)
-# Tuned launch parameters per shape regime (the autotuner's own key, which it also caches).
-_TUNED: dict[tuple, dict] = {}
 
 
 def _smem(meta, num_stages, args):
@@ -158,6 +157,66 @@ def merge_splits_kernel(best_d_ptr, best_i_ptr, codes_ptr, B, splits, BLOCK: tl.
     tl.store(codes_ptr + rows, idx.to(tl.int64), mask=m)
 
 
+class NearestCodePlan:
+    """The launch of one kind of nearest-code call (sizes, dtype, device, metric, precision,
+    strides): K split, tuned config and grid resolved once; a call allocates and launches."""
+
+    def __init__(self, batch, num_codes, dim, dtype, device, metric, stride_xb, stride_cb, splits):
+        interpreting = interpreter_enabled()
+        if splits is None:
+            # Split K only when the rows alone give too few programs *and* each split keeps enough
+            # codes to amortise the merge; small codebooks never split (one launch, no merge).
+            row_tiles = triton.cdiv(batch, 64)
+            target = 1 if interpreting else 2 * device_facts(device).sm_count
+            splits = min(
+                triton.cdiv(target, row_tiles), triton.cdiv(num_codes, _MIN_CODES_PER_SPLIT)
+            )
+        splits = max(1, min(triton.cdiv(num_codes, _MAX_BLOCK_K), splits))
+        per_split = triton.cdiv(triton.cdiv(num_codes, splits), _MAX_BLOCK_K) * _MAX_BLOCK_K
+        self.splits = splits = triton.cdiv(num_codes, per_split)
+        self.batch, self.device = batch, device
+        if interpreting or dtype != torch.float32:
+            precision = "ieee"  # bf16/fp16 products are exact in fp32 accumulation anyway
+        else:
+            precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
+        self.launch = KernelLaunch(
+            nearest_code_kernel,
+            lambda meta: (triton.cdiv(batch, meta["BLOCK_B"]), splits),
+            dict(
+                B=batch, K=num_codes, D=dim, codes_per_split=per_split, stride_xb=stride_xb,
+                stride_cb=stride_cb, COSINE=metric == "cosine",
+                UPCAST=interpreting or dtype == torch.float32, PRECISION=precision,
+                B_BUCKET=shape_bucket(batch, minimum=64, maximum=1 << 16),
+                K_BUCKET=shape_bucket(num_codes, minimum=64, maximum=1 << 16),
+                D_PADDED=padded_dim(dim), SPLIT_BUCKET=shape_bucket(splits), SPLIT=splits > 1,
+            ),
+            device=device,
+        )
+        if splits > 1:
+            block = 128 if interpreting else 1024
+            self.merge = KernelLaunch(
+                merge_splits_kernel,
+                (triton.cdiv(batch, block),),
+                dict(B=batch, splits=splits, BLOCK=block),
+                device=device,
+                options={"num_warps": 4},
+            )
+
+    def __call__(self, x, codebook, norms) -> torch.Tensor:
+        codes = torch.empty(self.batch, device=self.device, dtype=torch.int64)
+        if self.splits == 1:
+            self.launch(x, codebook, norms, codes, codes, codes)  # no split buffers to fill
+            return codes
+        best_d = torch.empty(self.splits, self.batch, device=self.device, dtype=torch.float32)
+        best_i = torch.empty(self.splits, self.batch, device=self.device, dtype=torch.int32)
+        self.launch(x, codebook, norms, best_d, best_i, codes)
+        self.merge(best_d, best_i, codes)
+        return codes
+
+
+_PLANS: PlanCache[NearestCodePlan] = PlanCache("vq_kernels.nearest_code")
+
+
 def nearest_code(
     x: torch.Tensor,
     codebook: torch.Tensor,
@@ -169,55 +228,10 @@ def nearest_code(
     """Nearest code per row (B,) int64. x (B, D) and codebook (K, D) of one dtype, unit stride on
     D; norms (K,) fp32 ``‖c‖`` of the codebook as cast to x's dtype. ``splits`` overrides the K
     split (tests)."""
-    batch, dim = x.shape
-    num_codes = codebook.shape[0]
-    interpreting = interpreter_enabled()
-    codes = torch.empty(batch, device=x.device, dtype=torch.int64)
-    if splits is None:
-        # Split K only when the rows alone give too few programs *and* each split keeps enough
-        # codes to amortise the merge; small codebooks never split (one launch, no merge).
-        row_tiles = triton.cdiv(batch, 64)
-        target = 1 if interpreting else 2 * device_facts(x.device).sm_count
-        splits = min(triton.cdiv(target, row_tiles), triton.cdiv(num_codes, _MIN_CODES_PER_SPLIT))
-    splits = max(1, min(triton.cdiv(num_codes, _MAX_BLOCK_K), splits))
-    per_split = triton.cdiv(triton.cdiv(num_codes, splits), _MAX_BLOCK_K) * _MAX_BLOCK_K
-    splits = triton.cdiv(num_codes, per_split)
-    if splits > 1:
-        best_d = torch.empty(splits, batch, device=x.device, dtype=torch.float32)
-        best_i = torch.empty(splits, batch, device=x.device, dtype=torch.int32)
-    else:
-        best_d = best_i = codes  # unused
-    upcast = interpreting or x.dtype == torch.float32
-    if interpreting or x.dtype != torch.float32:
-        precision = "ieee"  # bf16/fp16 products are exact in fp32 accumulation anyway
-    else:
-        precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
-    args = (x, codebook, norms, best_d, best_i, codes, batch, num_codes, dim, per_split)
-    args += (x.stride(0), codebook.stride(0))
-    regime = dict(
-        COSINE=metric == "cosine",
-        UPCAST=upcast,
-        PRECISION=precision,
-        B_BUCKET=shape_bucket(batch, minimum=64, maximum=1 << 16),
-        K_BUCKET=shape_bucket(num_codes, minimum=64, maximum=1 << 16),
-        D_PADDED=padded_dim(dim),
-        SPLIT_BUCKET=shape_bucket(splits),
-        SPLIT=splits > 1,
-    )
-    key = (*regime.values(), x.dtype, x.device)
-    tuned = _TUNED.get(key)
-    if tuned is None:
-        grid = lambda meta: (triton.cdiv(batch, meta["BLOCK_B"]), splits)
-        nearest_code_kernel[grid](*args, **regime)
-        _TUNED[key] = nearest_code_kernel.best_config.all_kwargs()
-    else:
-        # A tuned regime launches the jitted kernel directly: the autotuner's per-call argument
-        # bookkeeping costs about as much host time as the launch itself.
-        grid = (triton.cdiv(batch, tuned["BLOCK_B"]), splits)
-        nearest_code_kernel.fn[grid](*args, **regime, **tuned)
-    if splits > 1:
-        block = 128 if interpreting else 1024
-        merge_splits_kernel[(triton.cdiv(batch, block),)](
-            best_d, best_i, codes, batch, splits, BLOCK=block, num_warps=4
-        )
-    return codes
+    (batch, dim), num_codes = x.shape, codebook.shape[0]
+    meta = (
+        batch, num_codes, dim, x.dtype, x.device, metric, x.stride(0), codebook.stride(0), splits,
+        torch.backends.cuda.matmul.allow_tf32,
+    )  # fmt: skip
+    plan = _PLANS.get(meta, lambda: NearestCodePlan(*meta[:-1]))
+    return plan(x, codebook, norms)

@@ -1,0 +1,284 @@
+"""The fast call path: launch plans cached per metadata key, and kernels launched without the
+autotuner's and the JIT's per-call Python work.
+
+A public op call does two kinds of work: work that depends only on *metadata* (argument checks,
+backend choice, output shapes, tuned config, grid, constexprs) and work that needs the tensors
+themselves (binding pointers, allocating outputs, launching). At the shapes a training step calls
+an op with, the first kind costs more host time than the kernel takes on the GPU. An op therefore
+
+1. computes a cheap key from its arguments' metadata (:func:`tensor_key` per tensor, plus its
+   flags), and looks up a *plan* in its :class:`PlanCache`; on a miss it validates everything and
+   builds the plan (a closure over the resolved metadata), which later calls reuse;
+2. launches its kernels through :class:`KernelLaunch`: the first launch of a plan goes through
+   Triton (autotuning, compiling), and records the compiled kernel, the tuned config and the grid;
+   later launches call the compiled kernel's launcher directly, one C call.
+
+Correctness rules the pieces keep:
+
+* the key holds everything a plan depends on: device (index included), dtypes, shapes, the
+  contiguity of every tensor the plan views without copying, flags, the backend request, and
+  whether autograd needs a graph; a tensor that is not a tensor makes the key function raise
+  ``AttributeError``, which the op answers by taking its validating path;
+* a :class:`KernelLaunch` keys the compiled kernel by what Triton specialises on that the plan
+  cannot fix: the 16-byte alignment of each pointer, the dtype, and the ``== 1`` / ``% 16`` class of
+  each per-call integer; anything new goes through Triton again;
+* under ``TRITON_INTERPRET=1`` every launch goes through Triton (there is no compiled kernel), so
+  the interpreter tests exercise the same plans;
+* nothing here synchronises with the GPU, so plans run inside CUDA-graph capture once they are
+  built; ``torch.compile`` traces the ops' registered custom ops, never these caches.
+
+``TRITON_DISPATCH_PLAN_CACHE=0`` turns plan caching off (every call builds its plan), for
+debugging and for tests that compare cached against uncached results.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from .backend import interpreter_enabled
+
+#: Set to ``0`` to build every call's plan afresh (no reuse).
+PLAN_CACHE_ENV_VAR = "TRITON_DISPATCH_PLAN_CACHE"
+
+P = TypeVar("P")
+
+_CACHES: weakref.WeakSet[PlanCache] = weakref.WeakSet()
+
+
+def plan_cache_enabled() -> bool:
+    """Whether plans are kept (``TRITON_DISPATCH_PLAN_CACHE`` is not ``0``)."""
+    return os.environ.get(PLAN_CACHE_ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def tensor_key(t: torch.Tensor | None) -> Hashable:
+    """The metadata of one tensor argument that a plan may depend on: dtype, device, shape,
+    contiguity and ``requires_grad``. ``None`` stays ``None``; a non-tensor raises
+    ``AttributeError`` (the op then validates and raises its own clear error)."""
+    if t is None:
+        return None
+    return (t.dtype, t.device, t.shape, t.is_contiguous(), t.requires_grad)
+
+
+class PlanCache(Generic[P]):
+    """An op's plans by key, built on the first call with each key.
+
+    ``get(key, build)`` is the hot path: a dict lookup. ``hits``/``misses`` count lookups (tests
+    read them). Past ``maxsize`` plans the oldest is dropped, so a stream of never-repeating shapes
+    cannot grow memory without bound.
+    """
+
+    def __init__(self, name: str, *, maxsize: int = 256) -> None:
+        self.name = name
+        self.maxsize = maxsize
+        self.hits = 0
+        self.misses = 0
+        self._plans: dict[Hashable, P] = {}
+        _CACHES.add(self)
+
+    def get(self, key: Hashable, build: Callable[[], P]) -> P:
+        plan = self._plans.get(key)
+        if plan is not None:
+            self.hits += 1
+            return plan
+        plan = build()
+        self.misses += 1
+        if plan_cache_enabled():
+            if len(self._plans) >= self.maxsize:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
+        return plan
+
+    def clear(self) -> None:
+        """Drop every plan and reset the counters."""
+        self._plans.clear()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __repr__(self) -> str:
+        return f"PlanCache({self.name!r}, plans={len(self)}, hits={self.hits}, misses={self.misses})"
+
+
+def plan_caches() -> list[PlanCache]:
+    """Every live plan cache (for tests and for clearing after a device or settings change)."""
+    return sorted(_CACHES, key=lambda c: c.name)
+
+
+def clear_plan_caches() -> None:
+    """Clear every plan cache."""
+    for cache in plan_caches():
+        cache.clear()
+
+
+def _launch_hooks_set() -> bool:
+    """Whether a profiler hooked Triton's launches (then launches go through Triton, which feeds
+    the hooks their metadata). Triton 3.6 keeps hooks in chains that are never ``None``."""
+    from triton import knobs
+
+    runtime = knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
+
+
+def _jit_function(kernel):
+    """The ``JITFunction`` under an autotuner/heuristics wrapper (or the kernel itself)."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+
+    fn = kernel
+    while isinstance(fn, (Autotuner, Heuristics)):
+        fn = fn.fn
+    return fn
+
+
+def _arg_spec(args: Sequence[Any]) -> tuple:
+    """What Triton specialises a per-call argument on: a tensor's dtype and 16-byte alignment, an
+    integer's ``== 1`` / ``% 16 == 0`` / 32-bit class; other values by type."""
+    spec = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            spec.append((a.dtype, a.data_ptr() % 16 == 0))
+        elif type(a) is int:
+            spec.append((a == 1, a % 16 == 0, -(2**31) <= a < 2**31))
+        elif a is None or type(a) is bool:
+            spec.append(a)
+        else:
+            spec.append(type(a))
+    return tuple(spec)
+
+
+class KernelLaunch:
+    """One Triton kernel bound to everything its plan fixes, launched with the per-call arguments.
+
+    Args:
+        kernel: a ``@triton.jit`` function, or one wrapped by ``triton.autotune``/:func:`autotune`.
+        grid: a tuple, or ``grid(meta) -> tuple`` evaluated once with every bound argument and the
+            tuned config (``meta["BLOCK_Q"]``, …).
+        bound: values of the kernel's parameters that the plan fixes (constexprs, sizes,
+            placeholder tensors never read); the remaining parameters, in declaration order, are
+            the per-call arguments of :meth:`__call__`. Leave the autotuned parameters out.
+        device: the plan's device; launches run on it whatever the current device is.
+        options: launch options such as ``num_warps`` or ``launch_cooperative_grid``.
+
+    The first call with a new argument specialisation runs through Triton (autotuning and
+    compiling as usual); later calls with the same specialisation call the compiled kernel's
+    launcher directly. Under the interpreter or on a device other than CUDA every call goes
+    through Triton.
+    """
+
+    def __init__(
+        self,
+        kernel,
+        grid: tuple[int, ...] | Callable[[Mapping[str, Any]], tuple[int, ...]],
+        bound: Mapping[str, Any],
+        *,
+        device: torch.device,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.kernel = kernel
+        jit = _jit_function(kernel)
+        self.arg_names: list[str] = list(jit.arg_names)
+        unknown = set(bound) - set(self.arg_names)
+        if unknown:
+            raise TypeError(f"{jit.__name__} has no parameters {sorted(unknown)}")
+        self.bound = dict(bound)
+        tuned = set().union(*(c.kwargs for c in getattr(kernel, "configs", ())))
+        self.free = [n for n in self.arg_names if n not in self.bound and n not in tuned]
+        self.grid = grid
+        self.options = dict(options or {})
+        self.device = torch.device(device)
+        self.direct = self.device.type == "cuda" and not interpreter_enabled()
+        self._compiled: dict[tuple, tuple] = {}
+        self.direct_launches = 0
+
+    def __call__(self, *args: Any) -> None:
+        if self.direct:
+            entry = self._compiled.get(_arg_spec(args))
+            if entry is not None and not _launch_hooks_set():
+                self._launch(entry, args)
+                return
+        self._through_triton(args)
+
+    def _launch(self, entry: tuple, args: tuple) -> None:
+        compiled, before, after, slots, (g0, g1, g2) = entry
+        if slots is None:  # the per-call arguments are one run of parameters
+            full = (*before, *args, *after)
+        else:
+            values = list(before)
+            for i, a in zip(slots, args):
+                values[i] = a
+            full = values
+        index = self.device.index if self.device.index is not None else 0
+        if torch._C._cuda_getDevice() != index:
+            with torch.cuda.device(index):
+                self._run(compiled, g0, g1, g2, index, full)
+        else:
+            self._run(compiled, g0, g1, g2, index, full)
+        self.direct_launches += 1
+
+    @staticmethod
+    def _run(compiled, g0, g1, g2, index, full) -> None:
+        stream = torch._C._cuda_getCurrentRawStream(index)
+        compiled.run(
+            g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
+            *full,
+        )  # fmt: skip
+
+    def _through_triton(self, args: tuple) -> None:
+        if len(args) != len(self.free):
+            raise TypeError(
+                f"expected {len(self.free)} per-call arguments ({', '.join(self.free)}), "
+                f"got {len(args)}"
+            )
+        values = {**dict(zip(self.free, args)), **self.bound}
+        positional = []
+        for name in self.arg_names:  # the leading run of known parameters, in order
+            if name not in values:
+                break
+            positional.append(values.pop(name))
+        grid = self.grid
+        if self.direct:
+            with torch.cuda.device(self.device):
+                compiled = self.kernel[grid](*positional, **values, **self.options)
+            self._remember(compiled, args)
+        else:
+            self.kernel[grid](*positional, **values, **self.options)
+
+    def _remember(self, compiled, args: tuple) -> None:
+        if compiled is None or not hasattr(compiled, "packed_metadata"):
+            return
+        tuned = getattr(self.kernel, "best_config", None) if hasattr(self.kernel, "configs") else None
+        meta = {**self.bound, **dict(zip(self.free, args))}
+        if tuned is not None:
+            meta.update({k: v for k, v in tuned.all_kwargs().items() if k in self.arg_names})
+        missing = [n for n in self.arg_names if n not in meta]
+        if missing:  # a parameter came from somewhere we cannot see (a heuristic): stay on Triton
+            return
+        grid = self.grid(meta) if callable(self.grid) else self.grid
+        grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
+        full = [meta[n] for n in self.arg_names]
+        positions = [self.arg_names.index(n) for n in self.free]
+        if positions and positions == list(range(positions[0], positions[0] + len(positions))):
+            lo, hi = positions[0], positions[-1] + 1
+            entry = (compiled, tuple(full[:lo]), tuple(full[hi:]), None, grid)
+        elif not positions:
+            entry = (compiled, tuple(full), (), None, grid)
+        else:
+            entry = (compiled, full, (), positions, grid)
+        self._compiled[_arg_spec(args)] = entry
+
+
+__all__ = [
+    "PLAN_CACHE_ENV_VAR",
+    "KernelLaunch",
+    "PlanCache",
+    "clear_plan_caches",
+    "plan_cache_enabled",
+    "plan_caches",
+    "tensor_key",
+]

@@ -1,0 +1,158 @@
+"""Launch plans: keys that never reuse a wrong plan, counted hits and misses, and launches that
+equal the kernel's own."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from triton_dispatch import device_facts
+from triton_dispatch.launch import (
+    PLAN_CACHE_ENV_VAR,
+    KernelLaunch,
+    PlanCache,
+    _arg_spec,
+    clear_plan_caches,
+    plan_caches,
+    tensor_key,
+)
+from triton_dispatch.testing import assert_close, randn
+
+
+@triton.jit
+def _scaled_copy(X, Y, n, scale, BLOCK: tl.constexpr, NEGATE: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + i, mask=i < n, other=0.0)
+    if NEGATE:
+        x = -x
+    tl.store(Y + i, x * scale, mask=i < n)
+
+
+def test_plan_cache_counts_hits_and_misses():
+    cache = PlanCache("test.counting")
+    built = []
+    for key in ["a", "b", "a", "a", "b", "c"]:
+        cache.get(key, lambda key=key: built.append(key) or key.upper())
+    assert built == ["a", "b", "c"]
+    assert (cache.hits, cache.misses, len(cache)) == (3, 3, 3)
+    assert cache in plan_caches()
+    clear_plan_caches()
+    assert (cache.hits, cache.misses, len(cache)) == (0, 0, 0)
+
+
+def test_plan_cache_is_bounded_and_can_be_switched_off(monkeypatch):
+    cache = PlanCache("test.bounded", maxsize=2)
+    for key in range(5):
+        cache.get(key, lambda key=key: key)
+    assert len(cache) == 2 and cache.get(4, lambda: "rebuilt") == 4
+    monkeypatch.setenv(PLAN_CACHE_ENV_VAR, "0")
+    off = PlanCache("test.off")
+    assert off.get("k", lambda: 1) == 1 and off.get("k", lambda: 2) == 2
+    assert len(off) == 0 and off.misses == 2
+
+
+def test_a_failed_build_keeps_nothing():
+    cache = PlanCache("test.errors")
+    with pytest.raises(ValueError):
+        cache.get("bad", lambda: (_ for _ in ()).throw(ValueError("bad input")))
+    assert len(cache) == 0 and cache.misses == 0
+
+
+def test_tensor_key_separates_everything_a_plan_depends_on():
+    x = torch.zeros(4, 6)
+    same = torch.ones(4, 6)
+    assert tensor_key(x) == tensor_key(same)
+    different = [
+        x.to(torch.float64),  # dtype
+        torch.zeros(4, 7),  # shape
+        x.t(),  # strides: non-contiguous
+        torch.zeros(1, 6).expand(4, 6),  # stride-0 expansion
+        x.clone().requires_grad_(),  # autograd
+    ]
+    keys = {tensor_key(t) for t in different}
+    assert len(keys) == len(different) and tensor_key(x) not in keys
+    assert tensor_key(None) is None
+    with pytest.raises(AttributeError):
+        tensor_key([1, 2, 3])
+
+
+def test_tensor_key_holds_the_device_index():
+    """A plan built for one GPU is never reused on another (devices mocked: no GPU needed)."""
+
+    def fake(index):
+        return SimpleNamespace(
+            dtype=torch.float16,
+            device=torch.device("cuda", index),
+            shape=torch.Size([2, 3]),
+            is_contiguous=lambda: True,
+            requires_grad=False,
+        )
+
+    assert tensor_key(fake(0)) == tensor_key(fake(0))
+    assert tensor_key(fake(0)) != tensor_key(fake(1))
+
+
+def test_arg_spec_follows_triton_specialisation():
+    base = torch.zeros(64)
+    assert _arg_spec([base])[0] != _arg_spec([base[1:]])[0]  # 4-byte offset: not 16-aligned
+    assert _arg_spec([base])[0] == _arg_spec([base[4:]])[0]  # 16-byte offset
+    assert _arg_spec([base])[0] != _arg_spec([base.half()])[0]
+    assert len({_arg_spec([n])[0] for n in (1, 16, 17, 32)}) == 3
+    assert _arg_spec([2**40])[0] != _arg_spec([2**4 * 3])[0]
+    assert _arg_spec([None, True, 0.5]) == (None, True, float)
+
+
+@pytest.mark.parametrize("negate", [False, True])
+def test_kernel_launch_matches_the_kernel(rng, device, negate):
+    n = 50
+    x = randn((n,), generator=rng, device=device)
+    launch = KernelLaunch(
+        _scaled_copy,
+        lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),),
+        {"n": n, "BLOCK": 16, "NEGATE": negate},
+        device=x.device,
+    )
+    assert launch.free == ["X", "Y", "scale"]
+    for scale in (2.0, -0.5):
+        y = torch.full_like(x, float("nan"))
+        launch(x, y, scale)
+        assert_close(y, (-x if negate else x) * scale, tol=0)
+    offset = torch.full((n + 1,), float("nan"), device=x.device)
+    launch(x, offset[1:], 1.0)  # an unaligned output goes through Triton's own specialisation
+    assert_close(offset[1:], -x if negate else x, tol=0)
+    if x.device.type == "cuda":
+        assert launch.direct_launches >= 1
+
+
+def test_kernel_launch_rejects_unknown_parameters_and_wrong_arity(device):
+    with pytest.raises(TypeError, match="no parameters"):
+        KernelLaunch(_scaled_copy, (1,), {"BLOCKS": 16}, device=torch.device(device))
+    launch = KernelLaunch(
+        _scaled_copy, (1,), {"n": 1, "BLOCK": 16, "NEGATE": False}, device=torch.device(device)
+    )
+    with pytest.raises(TypeError, match="per-call arguments"):
+        launch(torch.zeros(1, device=device))
+
+
+@pytest.mark.gpu
+def test_kernel_launch_direct_path_and_graph_capture():
+    x = torch.randn(1000, device="cuda")
+    y = torch.empty_like(x)
+    launch = KernelLaunch(
+        _scaled_copy, (triton.cdiv(1000, 256),), {"n": 1000, "BLOCK": 256, "NEGATE": True},
+        device=x.device,
+    )  # fmt: skip
+    launch(x, y, 3.0)  # compiles
+    launch(x, y, 3.0)
+    assert launch.direct_launches == 1
+    torch.testing.assert_close(y, -3.0 * x)
+    graph = torch.cuda.CUDAGraph()
+    y.zero_()
+    with torch.cuda.graph(graph):
+        launch(x, y, 2.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, -2.0 * x)
+    assert device_facts(x.device).sm_count > 0

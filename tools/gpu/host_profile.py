@@ -1,0 +1,116 @@
+"""Where the host time of one op call goes: wall time per call (many back-to-back calls, one
+synchronize), ``do_bench`` GPU time, the floor of a bare Triton launch, and a cProfile of the
+Python work behind the small shapes users call per training step.
+
+    python3 tools/gpu/host_profile.py [--out DIR] [--calls 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+for p in [ROOT / "shared" / "triton-dispatch" / "src", *sorted((ROOT / "packages").glob("*/src"))]:
+    sys.path.insert(0, str(p))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+import triton.testing  # noqa: E402
+
+
+@triton.jit
+def _copy(X, Y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i, mask=i < n), mask=i < n)
+
+
+def wall_us(fn, calls: int) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def profile_text(fn, calls: int, top: int = 30) -> str:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    return s.getvalue()
+
+
+def cases():
+    from late_interaction_kernels import maxsim
+    from vq_kernels import ema_update_, quantize
+
+    dev = "cuda"
+    out = {}
+    x = torch.randn(4096, device=dev)
+    y = torch.empty_like(x)
+    out["triton launch (jit [grid])"] = lambda: _copy[(4,)](x, y, 4096, BLOCK=1024)
+    compiled = _copy[(4,)](x, y, 4096, BLOCK=1024)
+    stream = torch.cuda.current_stream().cuda_stream
+    out["triton launch (compiled.run)"] = lambda: compiled.run(
+        4, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None,
+        x, y, 4096, 1024,
+    )  # fmt: skip
+    out["torch.empty"] = lambda: torch.empty(256, device=dev)
+    out["torch.zeros"] = lambda: torch.zeros(256, device=dev)
+    out["torch.randint"] = lambda: torch.randint(0, 640, (256,), device=dev)
+    for nq, nd, lq, ld in [(1, 100, 32, 300), (1, 1000, 32, 300), (32, 32, 32, 300)]:
+        Q = torch.randn(nq, lq, 128, device=dev, dtype=torch.bfloat16)
+        D = torch.randn(nd, ld, 128, device=dev, dtype=torch.bfloat16)
+        out[f"maxsim {(nq, nd, lq, ld)}"] = lambda Q=Q, D=D: maxsim(Q, D)
+    b, k, d = 640, 256, 64
+    xs = torch.randn(b, d, device=dev)
+    codes = torch.randint(0, k, (b,), device=dev)
+    cb = torch.randn(k, d, device=dev)
+    state = [cb, torch.ones(k, device=dev), cb.clone(), torch.zeros(k, dtype=torch.int32, device=dev)]
+    out["ema_update_ (640,256,64)"] = lambda: ema_update_(xs, codes, *state, check_codes=False)
+    out["quantize (640,256,64)"] = lambda: quantize(xs, cb)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=os.environ.get("OUT", "gpu-results"))
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--profile", action="store_true", help="also write cProfile listings")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, listings = [], []
+    for name, fn in cases().items():
+        fn()
+        torch.cuda.synchronize()
+        gpu_ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        rows.append({"case": name, "wall_us": wall_us(fn, args.calls), "do_bench_us": gpu_ms * 1e3})
+        if args.profile and not name.startswith(("torch.", "triton launch")):
+            listings.append(f"===== {name}\n{profile_text(fn, 500)}")
+    (out / "host_profile.json").write_text(json.dumps(rows, indent=1))
+    if listings:
+        (out / "host_profile.txt").write_text("\n".join(listings))
+    print(f"{'case':40s} {'wall µs':>9s} {'do_bench µs':>12s}")
+    for r in rows:
+        print(f"{r['case']:40s} {r['wall_us']:9.1f} {r['do_bench_us']:12.1f}")
+
+
+if __name__ == "__main__":
+    main()
