@@ -24,8 +24,11 @@ TILTED_PLANE_FEATURES = OpSpec(
     tilted_plane_features,
     tilted_plane_features_reference,
     _features_inputs,
-    [TensorArg("points", dtypes=FLOATS), TensorArg("rotations", dtypes=FLOATS),
-     TensorArg("planes", dtypes=FLOATS)],
+    [
+        TensorArg("points", dtypes=FLOATS),
+        TensorArg("rotations", dtypes=FLOATS),
+        TensorArg("planes", dtypes=FLOATS),
+    ],
 )
 
 NEAREST_ROTATION = OpSpec(
