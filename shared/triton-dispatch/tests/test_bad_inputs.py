@@ -30,7 +30,7 @@ def careful_gather_rows(x, idx):
     if x.device != idx.device:
         raise ValueError(f"x and idx must share a device, got {x.device} and {idx.device}")
     if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= x.shape[0]):
-        raise ValueError(f"idx values must lie in [0, {x.shape[0]})")
+        raise ValueError(f"idx values must lie in [0, {x.shape[0]}), the rows of x")
     return x.index_select(0, idx).sum(-1)
 
 
@@ -163,3 +163,21 @@ def test_ranks_and_in_place_results():
     for case in cases:
         if case.kind != "dtype":
             check_bad_input(case)
+
+
+def test_an_error_may_name_a_related_argument():
+    def strict_pair(x, idx):
+        if idx.numel() and x.shape[0] == 0:
+            raise ValueError(f"idx must index rows of a non-empty table, got {x.shape[0]} rows")
+        return careful_gather_rows(x, idx)
+
+    unrelated = [TensorArg("x", dtypes=ARGS[0].dtypes), ARGS[1]]
+    related = [TensorArg("x", dtypes=ARGS[0].dtypes, related=("idx",)), ARGS[1]]
+    for args, ok in ((unrelated, False), (related, True)):
+        spec = OpSpec("pair", strict_pair, gather_rows_reference, _inputs, args)
+        case = next(c for c in bad_input_cases(spec) if c.kind == "empty" and c.arg.name == "x")
+        if ok:
+            assert check_bad_input(case) == "raised"
+        else:
+            with pytest.raises(AssertionError, match="does not name the argument 'x'"):
+                check_bad_input(case)

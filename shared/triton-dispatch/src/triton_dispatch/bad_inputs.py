@@ -16,6 +16,7 @@ reference, or a result for inputs the reference itself refuses.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +54,9 @@ class TensorArg:
         index_range: ``(low, high)``: an index tensor whose values must lie in ``[low, high)``.
         skip: case kinds not to generate for this argument (e.g. ``"empty"`` where an empty
             dimension is not a size a caller can choose).
+        related: other names an error may use instead: arguments whose expected shape follows
+            from this one (a mask, offsets into it), since a mismatch is reported on whichever
+            side of the pair is checked second, or the name a wrapped helper gives the argument.
     """
 
     name: str
@@ -60,6 +64,7 @@ class TensorArg:
     dtypes: tuple[torch.dtype, ...] | None = None
     index_range: tuple[int, int] | None = None
     skip: tuple[str, ...] = ()
+    related: tuple[str, ...] = ()
 
 
 def _default_compare(out: Any, ref: Any, tol: float, label: str) -> None:
@@ -223,8 +228,9 @@ def bad_input_cases(spec: OpSpec, *, seed: int = 0) -> list[BadCase]:
     return cases
 
 
-def _names(message: str, name: str) -> bool:
-    return name in message
+def _names(message: str, names: Sequence[str]) -> bool:
+    # as a whole word: "x" must not be found inside "idx"
+    return any(re.search(rf"(?<!\w){re.escape(name)}(?!\w)", message) for name in names)
 
 
 def check_bad_input(case: BadCase, *, seed: int = 0) -> str:
@@ -238,7 +244,7 @@ def check_bad_input(case: BadCase, *, seed: int = 0) -> str:
     try:
         returned = spec.op(**inputs, **spec.kwargs)
     except (TypeError, ValueError) as exc:
-        if not _names(str(exc), name):
+        if not _names(str(exc), (name, *case.arg.related)):
             raise AssertionError(
                 f"{label}: the error does not name the argument '{name}': "
                 f"{type(exc).__name__}: {exc}"
