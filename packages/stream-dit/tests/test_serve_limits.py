@@ -198,4 +198,4 @@ def test_cli_exposes_the_limits(capsys):
         "--max-connections",
     ):
         assert flag in out
-    assert "127.0.0.1" in out or "--host" in out
+    assert "default 127.0.0.1" in out

@@ -117,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     b.set_defaults(fn=_bench)
 
     s = sub.add_parser("serve", help="serve the session over HTTP (needs the serve extra)")
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)"
+    )
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--preset", default="tiny")
     s.add_argument("--seed", type=int, default=0)
