@@ -164,5 +164,5 @@ SPECS = [MAXSIM, MAXSIM_PAIRS, MAXSIM_VARLEN, RETRIEVE, MAXSIM_FROM_HIDDEN, MAXS
 
 
 @pytest.mark.parametrize("case", [p for spec in SPECS for p in bad_input_params(spec)])
-def test_bad_inputs(case, seed):
-    check_bad_input(case, seed=seed)
+def test_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)

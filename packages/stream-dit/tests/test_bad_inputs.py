@@ -33,5 +33,5 @@ GUIDED_EULER = OpSpec(
 
 
 @pytest.mark.parametrize("case", bad_input_params(GUIDED_EULER))
-def test_guided_euler_bad_inputs(case, seed):
-    check_bad_input(case, seed=seed)
+def test_guided_euler_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)

@@ -42,10 +42,10 @@ NEAREST_ROTATION = OpSpec(
 
 
 @pytest.mark.parametrize("case", bad_input_params(TILTED_PLANE_FEATURES))
-def test_tilted_plane_features_bad_inputs(case, seed):
-    check_bad_input(case, seed=seed)
+def test_tilted_plane_features_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)
 
 
 @pytest.mark.parametrize("case", bad_input_params(NEAREST_ROTATION))
-def test_nearest_rotation_bad_inputs(case, seed):
-    check_bad_input(case, seed=seed)
+def test_nearest_rotation_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)

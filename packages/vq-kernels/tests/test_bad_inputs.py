@@ -115,15 +115,15 @@ EMA_UPDATE = OpSpec(
 
 
 @pytest.mark.parametrize("case", bad_input_params(QUANTIZE))
-def test_quantize_bad_inputs(case, seed):
-    check_bad_input(case, seed=seed)
+def test_quantize_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)
 
 
 @pytest.mark.parametrize("case", bad_input_params(EMA_STATISTICS))
-def test_ema_statistics_bad_inputs(case, seed):
-    check_bad_input(case, seed=seed)
+def test_ema_statistics_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)
 
 
 @pytest.mark.parametrize("case", bad_input_params(EMA_UPDATE))
-def test_ema_update_bad_inputs(case, seed):
-    check_bad_input(case, seed=seed)
+def test_ema_update_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)

@@ -10,6 +10,7 @@ from triton_dispatch.testing import (
     bad_input_cases,
     bad_input_params,
     check_bad_input,
+    generator,
     randint,
     randn,
 )
@@ -68,8 +69,8 @@ def test_every_kind_of_case_is_generated():
 
 
 @pytest.mark.parametrize("case", bad_input_params(_spec(careful_gather_rows)))
-def test_a_careful_op_passes_every_case(case, seed):
-    assert check_bad_input(case, seed=seed) in ("raised", "matched")
+def test_a_careful_op_passes_every_case(case, seed, device):
+    assert check_bad_input(case, seed=seed, device=device) in ("raised", "matched")
 
 
 def test_outcomes_of_a_careful_op():
@@ -181,3 +182,26 @@ def test_an_error_may_name_a_related_argument():
         else:
             with pytest.raises(AssertionError, match="does not name the argument 'x'"):
                 check_bad_input(case)
+
+
+def test_nonfinite_outputs_may_differ_in_kind_not_in_place():
+    def spread(x, idx):  # 0 * inf: NaN where the reference keeps inf
+        out = careful_gather_rows(x, idx)
+        return torch.where(torch.isinf(out), torch.full_like(out, float("nan")), out)
+
+    def shifted(x, idx):  # non-finite moved to another row
+        return careful_gather_rows(x, idx).roll(1)
+
+    for op, ok in ((spread, True), (shifted, False)):
+        spec = OpSpec(op.__name__, op, gather_rows_reference, _inputs, ARGS)
+        case = next(c for c in bad_input_cases(spec) if c.kind == "nonfinite")
+        gen_seed = next(
+            s
+            for s in range(100)
+            if not torch.isfinite(gather_rows_reference(**case.inputs(generator(s)))).all()
+        )
+        if ok:
+            assert check_bad_input(case, seed=gen_seed) == "matched"
+        else:
+            with pytest.raises(AssertionError, match="differs"):
+                check_bad_input(case, seed=gen_seed)
