@@ -157,7 +157,7 @@ def test_fused_path_never_decompresses_the_collection(rng, monkeypatch, device):
     ("index", "value", "message"),
     [
         (0, torch.randn(C, DIM + 1), "centroids must be"),
-        (1, torch.zeros(7, dtype=torch.long), r"packed_residuals must be a uint8 \(7, 2\)"),
+        (1, torch.zeros(7, dtype=torch.long), r"packed_residuals must be a uint8 .* = \(7, 2\)"),
         (1, torch.full((6,), C), "codes must index centroids"),
         (2, torch.zeros(6, 3, dtype=torch.uint8), "packed_residuals must be"),
         (3, torch.zeros(3), r"bucket_weights must be a floating \(4,\)"),

@@ -1,8 +1,5 @@
 import io
 import json
-import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -13,6 +10,8 @@ pytest.importorskip("fastapi")
 uvicorn = pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
+from serve_test_helpers import serving  # noqa: E402
+
 from stream_dit import Request, StreamSession, TorchEngine  # noqa: E402
 from stream_dit.server import create_app  # noqa: E402
 
@@ -22,21 +21,8 @@ def server(tiny_model):
     session = StreamSession(
         tiny_model, TorchEngine(tiny_model, max_batch=8, max_frames=64, max_cond_len=16), depth=4
     )
-    app = create_app(session)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not start")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", session
-    srv.should_exit = True
-    thread.join(timeout=30)
+    with serving(create_app(session)) as url:
+        yield url, session
 
 
 def _post(url, body):

@@ -18,6 +18,15 @@ def test_reconstruct_phantom_writes_volume_slices_and_metrics(tmp_path, capsys):
         assert np.isfinite(metrics[key])
     assert (out / "slices.png").exists()
     assert "wrote" in capsys.readouterr().out
+    # a second run into the same folder refuses (before training) unless told to overwrite
+    before = (out / "metrics.json").read_text()
+    assert main(["reconstruct", "--size", "12", "--angle-step", "20", "--output", str(out), *_FAST]) == 2
+    err = capsys.readouterr().err
+    assert "already holds" in err and "metrics.json" in err and "--overwrite" in err
+    assert (out / "metrics.json").read_text() == before
+    args = ["reconstruct", "--size", "12", "--angle-step", "20", "--output", str(out), "--overwrite"]
+    assert main([*args, *_FAST, "--seed", "3"]) == 0
+    assert (out / "metrics.json").read_text() != before
 
 
 def test_reconstruct_from_files(tmp_path):
@@ -37,7 +46,7 @@ def test_reconstruct_from_files(tmp_path):
     # the angle count must match the stack
     with pytest.raises(ValueError, match="tilt angles"):
         main(["reconstruct", "--tilt-series", str(tmp_path / "ts.tif"), "--angles", "0,10",
-              "--output", str(out), *_FAST])
+              "--output", str(tmp_path / "other"), *_FAST])
 
 
 @pytest.mark.gpu

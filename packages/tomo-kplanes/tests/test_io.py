@@ -64,3 +64,48 @@ def test_slice_png_has_one_column_per_volume(tmp_path):
     img = np.asarray(Image.open(write_slices_png(tmp_path / "s.png", vols)))
     width = 2 * (10 + 2)
     assert img.shape[1] % width == 0 and img.shape[1] >= width
+
+
+def _corrupt_mrc(path, offset, raw):
+    mrcfile = pytest.importorskip("mrcfile")
+    with mrcfile.new(path, overwrite=True) as mrc:
+        mrc.set_data(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    data = bytearray(path.read_bytes())
+    data[offset : offset + len(raw)] = raw
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    "offset, raw, why",
+    [
+        (208, b"XXXX", "Map ID"),  # the MAP signature
+        (12, (99).to_bytes(4, "little"), "mode"),  # an unknown data mode
+        (0, (10**6).to_bytes(4, "little"), "bytes"),  # nx larger than the file
+    ],
+)
+def test_corrupt_mrc_header_is_a_clear_error_unless_permissive(tmp_path, offset, raw, why):
+    path = _corrupt_mrc(tmp_path / "bad.mrc", offset, raw)
+    with pytest.raises(ValueError, match=f"corrupt MRC header.*{why}.*permissive") as err:
+        read_tilt_series(path)
+    assert str(path) in str(err.value)
+    with pytest.warns(RuntimeWarning):
+        if why == "Map ID":  # a broken signature alone leaves the data readable
+            data = read_tilt_series(path, permissive=True)
+            assert data.shape == (2, 3, 4) and data[1, 2, 3] == 23
+        else:
+            with pytest.raises(ValueError, match="no image data"):
+                read_tilt_series(path, permissive=True)
+
+
+def test_cli_reads_a_corrupt_mrc_only_with_permissive_mrc(tmp_path):
+    from tomo_kplanes.cli import main
+
+    path = _corrupt_mrc(tmp_path / "bad.mrc", 208, b"XXXX")
+    args = ["reconstruct", "--tilt-series", str(path), "--angles", "0,30", "--steps", "2",
+            "--sirt-iterations", "1", "--rays-per-batch", "16", "--channels", "2", "--no-progress",
+            "--device", "cpu", "--backend", "torch", "--tv-points", "16", "--rotations", "0"]
+    with pytest.raises(ValueError, match="corrupt MRC header"):
+        main([*args, "--output", str(tmp_path / "a")])
+    with pytest.warns(RuntimeWarning):
+        assert main([*args, "--output", str(tmp_path / "b"), "--permissive-mrc"]) == 0

@@ -47,6 +47,16 @@ class AsyncStreamSession:
     async def __aexit__(self, *exc) -> None:
         await self.stop()
 
+    @property
+    def running(self) -> bool:
+        """Whether the ticking task is up and not stopping (a server's readiness)."""
+        return self._task is not None and not self._task.done() and not self._stopping
+
+    @property
+    def pending(self) -> int:
+        """Submissions waiting for room in the session's queue."""
+        return len(self._pending)
+
     def start(self) -> None:
         if self._task is None:
             self._stopping = False
@@ -79,6 +89,11 @@ class AsyncStreamSession:
         self._wake.set()
         try:
             return await fut
+        except asyncio.CancelledError:
+            # admitted just before the caller was cancelled: nobody will cancel that handle
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result().cancel()
+            raise
         finally:
             self._room.release()
 

@@ -66,7 +66,21 @@ def _serve(args: argparse.Namespace) -> int:
         mode=args.engine_mode,
     )
     session = StreamSession(model, engine, depth=args.depth, max_queue=args.max_queue)
-    uvicorn.run(create_app(session), host=args.host, port=args.port, log_level="info")
+    app = create_app(
+        session,
+        max_steps=args.max_steps,
+        max_curve_len=args.max_curve_len,
+        max_body_bytes=args.max_body_bytes,
+        request_timeout_s=args.request_timeout,
+        retry_after_s=args.retry_after,
+    )
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        limit_concurrency=args.max_connections,
+    )
     return 0
 
 
@@ -103,14 +117,29 @@ def main(argv: list[str] | None = None) -> int:
     b.set_defaults(fn=_bench)
 
     s = sub.add_parser("serve", help="serve the session over HTTP (needs the serve extra)")
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)"
+    )
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--preset", default="tiny")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--depth", type=int, default=4)
-    s.add_argument("--max-queue", type=int, default=64)
-    s.add_argument("--max-frames", type=int, default=750)
-    s.add_argument("--max-cond-len", type=int, default=128)
+    s.add_argument(
+        "--max-queue", type=int, default=64, help="requests waiting for a slot before 503"
+    )
+    s.add_argument("--max-frames", type=int, default=750, help="engine limit on frames")
+    s.add_argument("--max-cond-len", type=int, default=128, help="engine limit on cond tokens")
+    s.add_argument("--max-steps", type=int, default=1000)
+    s.add_argument("--max-curve-len", type=int, default=1024, help="values per curve")
+    s.add_argument(
+        "--max-body-bytes", type=int, default=None, help="request-body cap (default: from limits)"
+    )
+    s.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
+    s.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds of a 503")
+    s.add_argument(
+        "--max-connections", type=int, default=1024, help="open connections before uvicorn's 503"
+    )
+    s.add_argument("--log-level", default="info")
     s.add_argument("--engine-mode", choices=["eager", "compile", "graphs"], default="eager")
     s.add_argument("--device", default=_device_default())
     s.add_argument("--dtype", default=None)

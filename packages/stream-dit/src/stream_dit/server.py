@@ -1,43 +1,65 @@
 """HTTP front of a session (``stream-dit serve``): JSON in, ``.npy`` bytes out.
 
-Needs the ``serve`` extra (FastAPI and uvicorn). ``POST /generate`` takes a JSON request (unknown
-fields and non-finite numbers are refused with 422, requests beyond the engine's limits with 400,
-both with the reason) and answers with the finished ``(frames, channels)`` float32 latent as the
-bytes of a ``.npy`` file. ``GET /health`` reports the session's occupancy.
+Needs the ``serve`` extra (FastAPI and uvicorn). ``POST /generate`` takes a JSON request and answers
+with the finished ``(frames, channels)`` float32 latent as the bytes of a ``.npy`` file. Every
+answer other than 200 carries the reason:
+
+* 503 + ``Retry-After``: ``slots + max_queue`` requests are already in flight (checked before the
+  body is read), or the server is starting or stopping;
+* 413: the body is larger than ``max_body_bytes`` (checked while it streams in);
+* 422: not JSON, unknown fields, non-finite numbers, wrong types;
+* 400: a size field beyond :class:`~stream_dit.server_limits.ServerLimits` or a request the engine
+  refuses (checked before any tensor is allocated);
+* 504: the request took longer than ``request_timeout_s`` (it is cancelled, its slot freed);
+* 500: the request failed inside the session.
+
+A client that disconnects cancels its request: its slot is freed at the next tick. ``GET /health``
+reports readiness (503 while not ready), occupancy, queue depth, counters and the limits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
+import json
+import time
+from collections import Counter
 from contextlib import asynccontextmanager
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from fastapi import FastAPI, HTTPException
-from fastapi.exceptions import RequestValidationError
+from fastapi import FastAPI
+from fastapi.requests import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
 from .aio import AsyncStreamSession, RequestFailed
 from .request import Request
+from .server_limits import SEED_MAX, ServerLimits
 from .session import StreamSession
+
+__all__ = ["GenerateBody", "ServerLimits", "create_app", "npy_bytes", "to_request"]
 
 
 class GenerateBody(BaseModel):
-    """The JSON body of ``POST /generate``."""
+    """The JSON body of ``POST /generate`` (sizes are bounded by :class:`ServerLimits`)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     frames: int = Field(ge=1)
     cond: list[list[float]] | None = None
     cond_seed: int | None = Field(
-        default=None, description="draw (cond_len, D) states from this seed instead of sending them"
+        default=None,
+        ge=0,
+        le=SEED_MAX,
+        description="draw (cond_len, D) states from this seed instead of sending them",
     )
     cond_len: int = Field(default=8, ge=0)
     negative: list[list[float]] | None = None
-    seed: int = 0
-    steps: int = Field(default=8, ge=1, le=1000)
+    seed: int = Field(default=0, ge=0, le=SEED_MAX)
+    steps: int = Field(default=8, ge=1)
     shift: float = 1.0
     denoise: float = 1.0
     guidance: float = 1.0
@@ -50,26 +72,22 @@ class GenerateBody(BaseModel):
     dcw: tuple[float, float] | None = None
 
 
-def _states(rows: list[list[float]], name: str) -> torch.Tensor:
-    try:
-        t = torch.tensor(rows, dtype=torch.float32)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{name} must be a rectangular list of lists of numbers: {exc}") from None
-    return t.reshape(0, t.shape[-1] if t.dim() == 2 else 0) if t.numel() == 0 else t
-
-
-def to_request(body: GenerateBody, cond_dim: int) -> Request:
+def to_request(body: GenerateBody, limits: ServerLimits) -> Request:
+    """The session request of ``body``, after :meth:`ServerLimits.check` (400 reasons as ValueError)."""
+    limits.check(body)
     if body.cond is not None:
-        cond = _states(body.cond, "cond")
-    elif body.cond_seed is not None:
-        cond = torch.randn(
-            body.cond_len, cond_dim, generator=torch.Generator().manual_seed(body.cond_seed)
-        )
+        cond = _states(body.cond, "cond", limits.cond_dim)
     else:
-        raise ValueError("give cond (a list of L rows of D numbers) or cond_seed")
+        gen = torch.Generator().manual_seed(body.cond_seed)
+        cond = torch.randn(body.cond_len, limits.cond_dim, generator=gen)
+    neg = _states(body.negative, "negative", limits.cond_dim) if body.negative is not None else None
     fields = body.model_dump(exclude={"cond", "cond_seed", "cond_len", "negative"})
-    neg = _states(body.negative, "negative") if body.negative is not None else None
     return Request(cond=cond, negative=neg, **fields)
+
+
+def _states(rows: list[list[float]], name: str, cond_dim: int) -> torch.Tensor:
+    # rows were checked rectangular by ServerLimits.check; an empty list is (0, D)
+    return torch.tensor(rows, dtype=torch.float32).reshape(len(rows), cond_dim)
 
 
 def npy_bytes(x: torch.Tensor) -> bytes:
@@ -78,9 +96,78 @@ def npy_bytes(x: torch.Tensor) -> bytes:
     return buf.getvalue()
 
 
-def create_app(session: StreamSession) -> FastAPI:
-    """A FastAPI app serving ``session``; the driver starts and stops with the app's lifespan."""
-    driver = AsyncStreamSession(session)
+class _Reject(Exception):
+    def __init__(self, status: int, detail: Any, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.headers = status, detail, headers
+
+
+def _validation_reasons(exc: ValidationError) -> list[dict[str, str]]:
+    # never echo the input back: it may be huge, and NaN/inf do not encode as JSON
+    return [
+        {"field": ".".join(str(p) for p in err.get("loc", ())), "reason": err.get("msg", "")}
+        for err in exc.errors(include_input=False)
+    ]
+
+
+async def _read_body(request: HTTPRequest, cap: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise _Reject(400, f"content-length must be a byte count, got {declared!r}")
+        if int(declared) > cap:
+            raise _Reject(413, f"the body has {declared} bytes; the server's limit is {cap}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:  # chunked uploads carry no content-length: count as they arrive
+            raise _Reject(413, f"the body exceeds the server's limit of {cap} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _parse(raw: bytes, limits: ServerLimits) -> Request:
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise _Reject(422, [{"field": "", "reason": f"the body is not JSON: {exc}"}]) from None
+    try:
+        body = GenerateBody.model_validate(obj)
+    except ValidationError as exc:
+        raise _Reject(422, _validation_reasons(exc)) from None
+    try:
+        return to_request(body, limits)
+    except (ValueError, TypeError) as exc:
+        raise _Reject(400, str(exc)) from None
+
+
+async def _until_disconnect(request: HTTPRequest) -> None:
+    # once the body is read, the next ASGI message is the disconnect (or the response's end)
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def create_app(
+    session: StreamSession, limits: ServerLimits | None = None, **limit_overrides: Any
+) -> FastAPI:
+    """A FastAPI app serving ``session``; the driver starts and stops with the app's lifespan.
+
+    Args:
+        session: the session to serve; its engine's limits bound every request.
+        limits: the server's bounds (default: :meth:`ServerLimits.for_session` with
+            ``limit_overrides``, e.g. ``max_body_bytes=1 << 20``, ``request_timeout_s=30``).
+    """
+    if session.max_queue < 1:
+        raise ValueError(
+            "the session needs max_queue >= 1: requests enter a slot through its queue"
+        )
+    if limits is None:
+        limits = ServerLimits.for_session(session, **limit_overrides)
+    elif limit_overrides:
+        raise TypeError("give limits or limit overrides, not both")
+    driver = AsyncStreamSession(session, max_pending=max(1, limits.capacity))
+    counts: Counter[str] = Counter()
+    in_flight = 0
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -88,37 +175,83 @@ def create_app(session: StreamSession) -> FastAPI:
             yield
 
     app = FastAPI(title="stream-dit", lifespan=lifespan)
+    app.state.limits = limits
+    app.state.counts = counts
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request, exc: RequestValidationError) -> JSONResponse:
-        # the default handler echoes the input back, which fails to encode for NaN/inf
-        reasons = [
-            {
-                "field": ".".join(str(p) for p in err.get("loc", ()) if p != "body"),
-                "reason": err.get("msg", ""),
-            }
-            for err in exc.errors()
-        ]
-        return JSONResponse(status_code=422, content={"detail": reasons})
-
-    @app.post("/generate")
-    async def generate(body: GenerateBody) -> Response:
+    async def serve_one(http: HTTPRequest, deadline: float) -> Response:
         try:
-            request = to_request(body, session.cond_dim)
-            latent = await driver.generate(request)
+            raw = await asyncio.wait_for(
+                _read_body(http, limits.max_body_bytes), max(0.0, deadline - time.monotonic())
+            )
+        except asyncio.TimeoutError:
+            raise _Reject(504, "the body did not arrive within the request timeout") from None
+        request = _parse(raw, limits)
+        work = asyncio.ensure_future(driver.generate(request))
+        watch = asyncio.ensure_future(_until_disconnect(http))
+        try:
+            await asyncio.wait(
+                {work, watch},
+                timeout=max(0.0, deadline - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            watch.cancel()
+            if not work.done():
+                work.cancel()  # generate() cancels the handle: its slot frees at the next tick
+                await asyncio.gather(work, return_exceptions=True)
+        if work.cancelled():
+            if watch.done() and not watch.cancelled():
+                counts["disconnected"] += 1
+                return Response(status_code=499)  # nobody is listening; for the access log
+            raise _Reject(504, f"the request took longer than {limits.request_timeout_s} s")
+        try:
+            latent = work.result()
         except (ValueError, TypeError) as exc:
-            raise HTTPException(status_code=400, detail=str(exc)) from None
+            raise _Reject(400, str(exc)) from None
         except RequestFailed as exc:
-            raise HTTPException(status_code=500, detail=str(exc)) from None
+            raise _Reject(500, str(exc)) from None
+        counts["completed"] += 1
         return Response(content=npy_bytes(latent), media_type="application/octet-stream")
 
+    @app.post("/generate")
+    async def generate(http: HTTPRequest) -> Response:
+        nonlocal in_flight
+        deadline = time.monotonic() + limits.request_timeout_s
+        try:
+            if not driver.running:
+                raise _Reject(503, "the server is not ready", {"Retry-After": "1"})
+            if in_flight >= limits.capacity:
+                raise _Reject(
+                    503,
+                    f"{in_flight} requests in flight, the server's capacity is {limits.capacity}",
+                    {"Retry-After": str(limits.retry_after_s)},
+                )
+            in_flight += 1
+            try:
+                return await serve_one(http, deadline)
+            finally:
+                in_flight -= 1
+        except _Reject as rej:
+            counts[str(rej.status)] += 1
+            return JSONResponse({"detail": rej.detail}, rej.status, headers=rej.headers)
+        except ClientDisconnect:
+            counts["disconnected"] += 1
+            return Response(status_code=499)
+
     @app.get("/health")
-    async def health() -> dict:
-        return {
+    async def health() -> JSONResponse:
+        ready = driver.running
+        body = {
+            "ready": ready,
             "active": session.active,
-            "queued": session.queued,
+            "queued": session.queued + driver.pending,
+            "in_flight": in_flight,
+            "capacity": limits.capacity,
             "depth": session.depth,
             "ticks": session.ticks,
+            "counts": dict(counts),
+            "limits": limits.as_dict(),
         }
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     return app

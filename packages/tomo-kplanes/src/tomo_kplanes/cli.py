@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +38,14 @@ def _parser() -> argparse.ArgumentParser:
     rec.add_argument("--tv-points", type=int, default=1024, help="volume-TV points per step")
     rec.add_argument("--seed", type=int, default=0)
     rec.add_argument("--output", type=Path, default=Path("tomo-kplanes-output"))
+    rec.add_argument(
+        "--overwrite", action="store_true", help="replace the outputs of an earlier run in --output"
+    )
+    rec.add_argument(
+        "--permissive-mrc",
+        action="store_true",
+        help="read an MRC tilt series whose header is invalid (a warning, not an error)",
+    )
     rec.add_argument("--no-progress", action="store_true")
     rec.add_argument(
         "--cuda-graph",
@@ -54,17 +63,33 @@ def _angles_arg(text: str):
     return [float(a) for a in text.split(",") if a.strip()]
 
 
+#: every file a run writes into ``--output``
+OUTPUT_FILES = ("volume.mrc", "sirt.mrc", "volume.pt", "slices.png", "metrics.json")
+
+
+def _check_output(out: Path, overwrite: bool) -> None:
+    existing = [name for name in OUTPUT_FILES if (out / name).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"{out} already holds {', '.join(existing)} from an earlier run; "
+            "pass --overwrite to replace them or choose another --output"
+        )
+
+
 def run_reconstruct(args: argparse.Namespace) -> dict:
     from .io import load_tilt_series, write_slices_png, write_volume_mrc
     from .phantoms import nanoparticle_phantom, shepp_logan_3d, simulate_tilt_series
     from .sirt import sirt
 
+    _check_output(args.output, args.overwrite)  # before hours of training, not after
     device = torch.device(args.device)
     truth = None
     if args.tilt_series is not None:
         if args.angles is None:
             raise SystemExit("--tilt-series needs --angles")
-        data, angles = load_tilt_series(args.tilt_series, _angles_arg(args.angles))
+        data, angles = load_tilt_series(
+            args.tilt_series, _angles_arg(args.angles), permissive=args.permissive_mrc
+        )
         series = torch.from_numpy(data).to(device)
         scale = float(series.abs().amax().clamp_min(1e-12))
         series = series / scale  # line integrals of order 1 suit the field's initialisation
@@ -116,7 +141,11 @@ def run_reconstruct(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "reconstruct":
-        metrics = run_reconstruct(args)
+        try:
+            metrics = run_reconstruct(args)
+        except FileExistsError as exc:
+            print(f"tomo-kplanes: {exc}", file=sys.stderr)
+            return 2
         summary = {k: v for k, v in metrics.items() if k != "files"}
         print(json.dumps(summary, indent=2))
         print(f"wrote {args.output}")

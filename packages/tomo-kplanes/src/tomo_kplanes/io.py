@@ -16,13 +16,18 @@ MRC_SUFFIXES = (".mrc", ".st", ".ali", ".rec", ".mrcs")
 TIFF_SUFFIXES = (".tif", ".tiff")
 
 
-def read_tilt_series(path: str | Path) -> np.ndarray:
+def read_tilt_series(path: str | Path, *, permissive: bool = False) -> np.ndarray:
     """A ``(n_tilts, n_v, n_u)`` float32 stack from an MRC (``.mrc``/``.st``/…) or TIFF file.
+
+    Args:
+        path: the file.
+        permissive: read an MRC file whose header is invalid anyway (``mrcfile``'s permissive
+            mode: a warning instead of an error; the data may be misread).
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: an unknown suffix, an empty file or stack, a stack that is not 2D images, or
-            non-finite pixels.
+        ValueError: an unknown suffix, an empty file or stack, a corrupt MRC header (unless
+            ``permissive``), a stack that is not 2D images, or non-finite pixels.
     """
     path = Path(path)
     if not path.exists():
@@ -31,12 +36,7 @@ def read_tilt_series(path: str | Path) -> np.ndarray:
         raise ValueError(f"tilt series {path} is an empty file")
     suffix = path.suffix.lower()
     if suffix in MRC_SUFFIXES:
-        import mrcfile
-
-        with mrcfile.open(path, permissive=True) as mrc:
-            if mrc.data is None:
-                raise ValueError(f"tilt series {path} holds no image data")
-            data = np.asarray(mrc.data, dtype=np.float32)
+        data = _read_mrc(path, permissive)
     elif suffix in TIFF_SUFFIXES:
         import tifffile
 
@@ -54,6 +54,23 @@ def read_tilt_series(path: str | Path) -> np.ndarray:
         bad = int((~np.isfinite(data)).sum())
         raise ValueError(f"tilt series {path} holds {bad} non-finite pixels")
     return data
+
+
+def _read_mrc(path: Path, permissive: bool) -> np.ndarray:
+    import mrcfile
+
+    try:
+        with mrcfile.open(path, mode="r", permissive=permissive) as mrc:
+            if mrc.data is None:
+                raise ValueError(f"tilt series {path} holds no image data")
+            return np.array(mrc.data, dtype=np.float32)  # a writable copy, not the read-only buffer
+    except ValueError as exc:
+        if permissive or "no image data" in str(exc):
+            raise
+        raise ValueError(
+            f"tilt series {path} has a corrupt MRC header ({exc}); "
+            "pass permissive=True (--permissive-mrc) to read it anyway"
+        ) from None
 
 
 def read_angles(source: str | Path | Sequence[float]) -> np.ndarray:
@@ -75,9 +92,11 @@ def read_angles(source: str | Path | Sequence[float]) -> np.ndarray:
     return angles
 
 
-def load_tilt_series(path: str | Path, angles: str | Path | Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
-    """Stack and angles, checked against each other."""
-    data = read_tilt_series(path)
+def load_tilt_series(
+    path: str | Path, angles: str | Path | Sequence[float], *, permissive: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Stack and angles, checked against each other (``permissive``: see :func:`read_tilt_series`)."""
+    data = read_tilt_series(path, permissive=permissive)
     ang = read_angles(angles)
     if data.shape[0] != ang.shape[0]:
         raise ValueError(

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .checkpoint import load_checkpoint, save_checkpoint
 from .geometry import TiltGeometry, grid_points
 from .graphed import CapturedStep, prepare_optimizer_for_capture
 from .model import KPlanes, KPlanesTilted
@@ -161,13 +162,14 @@ def reconstruct(
     step0, losses, held_losses = 0, [], []
     ckpt = Path(config.checkpoint_path) if config.checkpoint_path else None
     if resume and ckpt is not None and ckpt.exists():
-        state = torch.load(ckpt, map_location=device, weights_only=False)
+        state = load_checkpoint(ckpt, map_location=device)
         inner.load_state_dict(state["field"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         # generator states are host byte tensors on every device (map_location moved it)
         gen.set_state(state["generator"].cpu())
         step0, losses, held_losses = state["step"], state["losses"], state["holdout_losses"]
+        best, bad = state.get("best_holdout", math.inf), state.get("bad_evals", 0)
 
     batch = min(config.rays_per_batch, max(1, train_rays.numel()))
     per_epoch = max(1, train_rays.numel() // batch)
@@ -202,7 +204,9 @@ def reconstruct(
     elif graph_possible and config.cuda_graph is not False:
         prepare_optimizer_for_capture(optimizer)
         run_step = CapturedStep(train_step, generators=[gen])
-    best, bad, stopped = math.inf, 0, False
+    if not step0:
+        best, bad = math.inf, 0
+    stopped = False
     end = config.steps if stop_at is None else min(stop_at, config.steps)
     bar = tqdm(range(step0, end), disable=not config.progress or rank != 0, desc="reconstruct")
     step = step0
@@ -227,13 +231,12 @@ def reconstruct(
                     stopped = True
                     break
         if ckpt is not None and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and rank == 0:
-            ckpt.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(
+            save_checkpoint(
                 {
                     "field": inner.state_dict(), "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(), "generator": gen.get_state(),
                     "step": step + 1, "losses": losses, "holdout_losses": held_losses,
-                    "order": order,
+                    "order": order, "best_holdout": best, "bad_evals": bad,
                     "config": asdict(config),
                 },
                 ckpt,

@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from ._state_checks import check_quantizer_state
 from .ops.ema_update import _DEFAULT, DEFAULT_THRESHOLDS, SEMANTICS, ema_statistics, ema_update_
 from .ops.quantize import METRICS, quantize
 
@@ -127,6 +128,15 @@ class ResidualVQ(nn.Module):
         self._initialized = not kmeans_init
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # torch would cast a wrong dtype silently; refuse wrong shapes and dtypes by name first
+        check_quantizer_state(
+            state_dict,
+            prefix,
+            levels=self.num_levels,
+            codes=self.codebook_size,
+            dim=self.dim,
+            owner=type(self).__name__,
+        )
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
         self._initialized = bool(self.initialized)
 

@@ -231,3 +231,41 @@ def lengths_mask(lengths: torch.Tensor | Sequence[int], max_len: int) -> torch.T
 
 def errors_table(errors: Mapping[str, float]) -> str:
     return ", ".join(f"{k}={v:.2e}" for k, v in errors.items())
+
+
+# The bad-input kit lives in its own module; it is part of this kit's public surface.
+from .bad_inputs import (  # noqa: E402
+    CASE_KINDS,
+    BadCase,
+    OpSpec,
+    TensorArg,
+    bad_input_cases,
+    bad_input_params,
+    check_bad_input,
+)
+
+__all__ = [
+    "CASE_KINDS",
+    "DEFAULT_TOLERANCES",
+    "BadCase",
+    "OpSpec",
+    "TensorArg",
+    "assert_close",
+    "assert_gradients_match",
+    "bad_input_cases",
+    "bad_input_params",
+    "check_bad_input",
+    "errors_table",
+    "generator",
+    "lengths_mask",
+    "poison_",
+    "poisoned",
+    "poisoned_like",
+    "rand_mask",
+    "randint",
+    "randn",
+    "relative_error",
+    "seed_for",
+    "to_reference",
+    "tolerance",
+]

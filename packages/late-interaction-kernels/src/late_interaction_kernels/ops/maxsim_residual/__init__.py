@@ -63,7 +63,8 @@ def _validate(Q, centroids, codes, packed, weights, doclens, nbits, q_mask, chun
         or tuple(packed.shape) != (n_tok, width)
     ):
         raise ValueError(
-            f"packed_residuals must be a uint8 ({n_tok}, {width}) tensor, got {_shape(packed)}"
+            f"packed_residuals must be a uint8 (N, d * nbits / 8) = ({n_tok}, {width}) tensor "
+            f"with N = len(codes), got {_shape(packed)}"
         )
     if (
         not isinstance(weights, torch.Tensor)

@@ -121,7 +121,7 @@ class MaxSimScorer:
     def _check(self, Q, q_mask) -> None:
         _check_queries(Q, q_mask)
         if len(self) == 0:
-            raise ValueError("the document collection is empty")
+            raise ValueError("the document collection is empty (documents has no rows)")
         if Q.shape[-1] != self.dim:
             raise ValueError(f"Q has embedding width {Q.shape[-1]}, the documents have {self.dim}")
 

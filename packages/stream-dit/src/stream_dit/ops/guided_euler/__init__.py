@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from triton_dispatch import select_backend, uses_triton
+from triton_dispatch import common_device, select_backend, uses_triton
 
 from .reference import guided_euler_reference_
 
@@ -69,15 +69,24 @@ def guided_euler_(
         raise TypeError(f"velocity must be floating point, got {velocity.dtype}")
     if state.stride(1) != state.shape[2] or state.stride(2) != 1:
         raise ValueError("state rows must be contiguous (T, C) blocks")
+    if state.shape[0] > 1 and state.stride(0) < state.shape[1] * state.shape[2]:
+        # an expanded (stride-0) or otherwise overlapping state would alias the rows it updates
+        raise ValueError(
+            f"state rows overlap in memory (strides {state.stride()}); it is updated in place, "
+            "pass a tensor whose (T, C) rows are distinct"
+        )
     if velocity.stride(1) != velocity.shape[2] or velocity.stride(2) != 1:
         raise ValueError("velocity rows must be contiguous (T, C) blocks")
-    for name, rows, bound in (
-        ("slot_rows", slot_rows, state.shape[0]),
-        ("pos_rows", pos_rows, velocity.shape[0]),
-        ("neg_rows", neg_rows, velocity.shape[0]),
+    common_device([state, velocity], names=["state", "velocity"])
+    for name, rows, tensor, bound in (
+        ("slot_rows", slot_rows, "state", state.shape[0]),
+        ("pos_rows", pos_rows, "velocity", velocity.shape[0]),
+        ("neg_rows", neg_rows, "velocity", velocity.shape[0]),
     ):
         if any(not 0 <= r < bound for r in rows):
-            raise ValueError(f"{name} must lie in [0, {bound}), got {list(rows)}")
+            raise ValueError(
+                f"{name} must lie in [0, {bound}) (the rows of {tensor}), got {list(rows)}"
+            )
     limit = min(state.shape[1], velocity.shape[1])
     if any(not 0 <= length <= limit for length in lengths):
         raise ValueError(f"lengths must lie in [0, {limit}], got {list(lengths)}")

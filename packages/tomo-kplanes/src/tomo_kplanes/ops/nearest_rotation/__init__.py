@@ -21,7 +21,8 @@ def nearest_rotation(matrices: torch.Tensor, *, backend: str | None = None) -> t
     """The nearest rotation (Frobenius norm) to each ``(..., 3, 3)`` matrix, differentiably.
 
     ``R = U diag(1, 1, det(U Vᵀ)) Vᵀ`` for ``M = U S Vᵀ``; the gradient stays finite at the
-    identity (it divides by ``s_i + s_j``, not ``s_i² − s_j²``). Matrices must be non-singular.
+    identity (it divides by ``s_i + s_j``, not ``s_i² − s_j²``). Matrices must be non-singular; one
+    with a NaN or infinite entry gives an all-NaN rotation on every backend.
 
     Args:
         matrices: ``(..., 3, 3)`` float32 or float64.

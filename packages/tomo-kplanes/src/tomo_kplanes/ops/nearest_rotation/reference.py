@@ -44,6 +44,11 @@ def nearest_rotation_reference(matrices: torch.Tensor) -> torch.Tensor:
     """The nearest rotation (Frobenius norm) to each ``(T, 3, 3)`` matrix, differentiably.
 
     On CUDA ``torch.linalg.svd`` checks its solver's status on the host, which blocks the CPU once
-    per call; the Triton path exists to avoid that in a training step.
+    per call; the Triton path exists to avoid that in a training step. A matrix with a NaN or
+    infinite entry gives an all-NaN rotation and no gradient, as on the Triton path (the SVD would
+    refuse the whole batch, and checking first would cost a host synchronisation).
     """
-    return _ProjectToSO3.apply(matrices)
+    finite = torch.isfinite(matrices).flatten(-2).all(-1)[..., None, None]
+    eye = torch.eye(3, dtype=matrices.dtype, device=matrices.device).expand_as(matrices)
+    rot = _ProjectToSO3.apply(torch.where(finite, matrices, eye))
+    return torch.where(finite, rot, torch.full_like(rot, float("nan")))

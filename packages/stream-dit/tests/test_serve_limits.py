@@ -1,0 +1,201 @@
+"""The HTTP server under careless and hostile clients: bounds, caps, full queue, disconnects."""
+
+import json
+import socket
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+from serve_test_helpers import serving, wait_for  # noqa: E402
+
+from stream_dit import StreamSession, TorchEngine  # noqa: E402
+from stream_dit.server import create_app  # noqa: E402
+from stream_dit.server_limits import ServerLimits  # noqa: E402
+
+LONG = {"frames": 64, "cond_seed": 0, "cond_len": 4, "steps": 100_000}  # minutes on the tiny model
+
+
+def _session(model, depth=2, max_queue=2):
+    engine = TorchEngine(model, max_batch=8, max_frames=64, max_cond_len=16)
+    return StreamSession(model, engine, depth=depth, max_queue=max_queue)
+
+
+def _post(url, body, **kw):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    with httpx.Client(timeout=30) as client:
+        return client.post(
+            f"{url}/generate", content=content, headers={"content-type": "application/json"}, **kw
+        )
+
+
+def _health(url):
+    return httpx.get(f"{url}/health", timeout=10).json()
+
+
+def _open_raw(url, body: dict) -> socket.socket:
+    """Send a request on a raw socket and leave it waiting (the caller closes it)."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return sock
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    session = _session(tiny_model)
+    app = create_app(session, max_steps=100_000, max_curve_len=16, max_body_bytes=64 * 1024)
+    with serving(app) as url:
+        yield url, session
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"frames": 4, "cond_seed": 1, "cond_len": 20_000_000}, "cond_len=20000000"),
+        ({"frames": 10**12, "cond_seed": 1}, "frames="),
+        ({"frames": 4, "cond_seed": 1, "steps": 10**9}, "steps="),
+        ({"frames": 4, "cond_seed": 1, "noise": [0.0] * 17}, "noise length"),
+        ({"frames": 4, "cond_seed": 1, "velocity_scale": [1.0] * 17}, "velocity_scale length"),
+        ({"frames": 4, "cond_seed": 1, "guidance_curve": [1.0] * 17}, "guidance_curve length"),
+        ({"frames": 4, "cond": [[0.0] * 32] * 17}, "cond length (rows)=17"),
+        ({"frames": 4, "cond_seed": 1, "negative": [[0.0] * 32] * 17}, "negative length"),
+        ({"frames": 4, "cond": [[0.0] * 32, [0.0] * 33]}, "row 1 has 33"),
+        ({"frames": 4}, "cond_seed"),
+    ],
+)
+def test_size_fields_are_bounded_before_allocation(server, body, field):
+    url, _ = server
+    start = time.perf_counter()
+    resp = _post(url, body)
+    assert resp.status_code == 400, resp.text
+    assert field in resp.json()["detail"]
+    assert time.perf_counter() - start < 2.0  # refused, not allocated then refused
+
+
+@pytest.mark.parametrize(
+    "raw, field",
+    [
+        (b"{not json", "not JSON"),
+        (b"[" * 20_000 + b"]" * 20_000, "not JSON"),  # nesting past the parser's recursion limit
+        (json.dumps({"frames": 4, "cond_seed": 2**64}).encode(), "cond_seed"),
+        (json.dumps({"frames": 4, "cond_seed": 1, "seed": -1}).encode(), "seed"),
+        (json.dumps({"frames": "many", "cond_seed": 1}).encode(), "frames"),
+        (json.dumps({"frames": 4, "cond_seed": 1, "noise": [float("nan")]}).encode(), "noise"),
+        (b"[1, 2]", "valid dictionary"),
+    ],
+)
+def test_malformed_bodies_get_422_with_the_field(server, raw, field):
+    resp = _post(server[0], raw)
+    assert resp.status_code == 422, resp.text
+    assert field in resp.text
+
+
+def test_body_cap_answers_413_with_and_without_content_length(server):
+    url, _ = server
+    big = json.dumps({"frames": 4, "cond_seed": 1, "pad": "x" * 100_000}).encode()
+    assert _post(url, big).status_code == 413
+
+    def chunks():
+        for _ in range(100):
+            yield b" " * 1024
+
+    with httpx.Client(timeout=30) as client:
+        resp = client.post(f"{url}/generate", content=chunks())  # chunked: no content-length
+    assert resp.status_code == 413 and "limit" in resp.text
+    ok = _post(url, {"frames": 4, "cond_seed": 1, "cond_len": 3, "steps": 2})
+    assert ok.status_code == 200, ok.text
+
+
+def test_disconnect_cancels_and_frees_the_slot(server):
+    url, session = server
+    base = _health(url)["counts"].get("disconnected", 0)
+    sock = _open_raw(url, LONG)
+    assert wait_for(lambda: session.active == 1)
+    sock.close()
+    assert wait_for(lambda: session.active == 0 and _health(url)["in_flight"] == 0)
+    assert _health(url)["counts"]["disconnected"] == base + 1
+
+
+def test_health_reports_readiness_and_queue_depth(server):
+    url, session = server
+    h = _health(url)
+    assert h["ready"] is True and h["capacity"] == session.depth + session.max_queue
+    assert h["limits"]["max_cond_len"] == 16 and h["limits"]["max_body_bytes"] == 64 * 1024
+    socks = [_open_raw(url, LONG) for _ in range(3)]
+    try:
+        assert wait_for(lambda: _health(url)["active"] == 2 and _health(url)["queued"] == 1)
+        assert _health(url)["in_flight"] == 3
+    finally:
+        for s in socks:
+            s.close()
+    assert wait_for(lambda: _health(url)["in_flight"] == 0 and session.idle)
+
+
+def test_full_queue_answers_503_with_retry_after(tiny_model):
+    session = _session(tiny_model, depth=1, max_queue=1)
+    app = create_app(session, max_steps=100_000, retry_after_s=7, max_queue=0)
+    with serving(app) as url:
+        sock = _open_raw(url, LONG)
+        try:
+            assert wait_for(lambda: _health(url)["in_flight"] == 1)
+            resp = _post(url, {"frames": 4, "cond_seed": 1})
+            assert resp.status_code == 503 and resp.headers["retry-after"] == "7"
+            assert "capacity is 1" in resp.text
+        finally:
+            sock.close()
+        assert wait_for(lambda: _health(url)["in_flight"] == 0)
+        assert _post(url, {"frames": 4, "cond_seed": 1, "steps": 2}).status_code == 200
+
+
+def test_request_timeout_answers_504_and_frees_the_slot(tiny_model):
+    session = _session(tiny_model, depth=1, max_queue=1)
+    with serving(create_app(session, max_steps=100_000, request_timeout_s=0.5)) as url:
+        start = time.perf_counter()
+        resp = _post(url, LONG)
+        assert resp.status_code == 504 and "longer than 0.5 s" in resp.text
+        assert time.perf_counter() - start < 5
+        assert wait_for(lambda: session.idle)
+        assert _health(url)["counts"]["504"] == 1
+
+
+def test_limits_cannot_exceed_the_engine(tiny_model):
+    session = _session(tiny_model)
+    with pytest.raises(ValueError, match="max_frames=65 exceeds the engine's limit of 64"):
+        ServerLimits.for_session(session, max_frames=65)
+    with pytest.raises(ValueError, match="unknown server limits"):
+        ServerLimits.for_session(session, max_franes=3)
+    with pytest.raises(ValueError, match="max_queue >= 1"):
+        create_app(_session(tiny_model, max_queue=0))
+    with pytest.raises(ValueError, match="request_timeout_s"):
+        ServerLimits.for_session(session, request_timeout_s=0)
+    lim = ServerLimits.for_session(session, max_frames=32)
+    assert lim.max_frames == 32 and lim.max_cond_len == 16 and lim.capacity == 4
+    assert lim.max_body_bytes > 2 * 16 * 32 * 20  # room for cond and negative as JSON
+
+
+def test_cli_exposes_the_limits(capsys):
+    from stream_dit.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    for flag in (
+        "--max-body-bytes",
+        "--max-queue",
+        "--request-timeout",
+        "--retry-after",
+        "--max-steps",
+        "--max-curve-len",
+        "--max-connections",
+    ):
+        assert flag in out
+    assert "default 127.0.0.1" in out

@@ -1,0 +1,24 @@
+"""A small run of the load benchmark: concurrent, careless and hostile clients on loopback."""
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from stream_dit.serve_load import LoadConfig, malformed_requests, run_load
+
+
+def test_small_load_run_on_cpu():
+    cfg = LoadConfig(
+        clients=30, depth=2, max_queue=4, frames=(8, 16), steps=3, distinct=4, retries=50
+    )
+    res = run_load(cfg)
+    kinds = len(malformed_requests(16))
+    assert res.server_5xx == 0 and res.rejected_503 == 0, res.statuses
+    assert res.mismatched == 0 and res.max_abs_diff < 1e-4
+    malformed = 30 // cfg.malformed_every
+    assert res.client_4xx == malformed and len(res.statuses) >= 2 + min(kinds, malformed)
+    assert res.disconnected == 3 and res.completed == 30 - malformed - 3
+    assert res.server_counts.get("503", 0) > 0  # the small queue did push back
+    assert res.rss_before_mb is None or res.rss_after_mb - res.rss_before_mb < 200
+    assert res.latency_ms["p99"] >= res.latency_ms["p50"] > 0
