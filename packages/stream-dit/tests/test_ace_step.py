@@ -1,0 +1,148 @@
+"""ACE-Step 1.5's diffusers transformer through the session: parity with driving diffusers directly.
+
+Each request through a session at depth 1, 4 and 8, with and without CFG, must equal
+:func:`reference_denoise`, the ACE-Step pipeline's loop (its schedule, its Euler scheduler, its
+``timestep_r = t`` and null-condition conventions) calling ``AceStepTransformer1DModel.forward``
+on that request alone, unpadded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+from stream_dit import Request, StreamSession, TorchEngine
+from stream_dit.model.ace_step import (
+    ACE_STEP_PRESETS,
+    AceStepAdapter,
+    build_ace_step,
+    reference_denoise,
+)
+
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def ace():
+    return build_ace_step("tiny", seed=0)
+
+
+def _requests(seed: int, n: int, *, cfg: bool) -> list[Request]:
+    """Mixed lengths (odd T pads a patch), masked and unmasked conditioning, context or none."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        frames = int(torch.randint(5, 29, (1,), generator=gen))
+        length = int(torch.randint(1, 9, (1,), generator=gen))
+        cond = torch.randn(length, 32, generator=gen)
+        mask = None
+        if length > 2 and i % 3 == 1:
+            mask = torch.rand(length, generator=gen) > 0.4
+            mask[int(torch.randint(length, (1,), generator=gen))] = True
+        ctx = torch.randn(frames, 128, generator=gen) if i % 2 == 0 else None
+        kw = {}
+        if cfg:
+            kw = {"cfg_type": "full", "guidance": 1.5 + i % 4}
+            if i % 4 == 3:  # an explicit negative prompt; otherwise the null condition
+                kw["negative"] = torch.randn(length + 1, 32, generator=gen)
+        out.append(
+            Request(
+                frames=frames,
+                cond=cond,
+                cond_mask=mask,
+                context=ctx,
+                seed=(seed % 100_000) * 100 + i,
+                steps=3 + i % 3,
+                shift=3.0,
+                **kw,
+            )
+        )
+    return out
+
+
+def _reference(adapter: AceStepAdapter, r: Request) -> torch.Tensor:
+    noise = torch.randn(r.frames, 64, generator=torch.Generator().manual_seed(r.seed))
+    cond = r.cond if r.cond_mask is None else r.cond[r.cond_mask]
+    return reference_denoise(
+        adapter.transformer,
+        noise,
+        cond,
+        steps=r.steps,
+        shift=r.shift,
+        null_condition=adapter.null_condition,
+        guidance=r.guidance if r.cfg_type == "full" else 1.0,
+        negative=r.negative,
+        context=r.context,
+    )
+
+
+def _session_results(adapter, requests, depth, **engine_kw) -> list[torch.Tensor]:
+    engine = TorchEngine(adapter, max_batch=2 * depth, max_frames=32, max_cond_len=16, **engine_kw)
+    session = StreamSession(adapter, engine, depth=depth, max_queue=len(requests))
+    handles = [session.submit(Request(**r.__dict__)) for r in requests]
+    session.run_until_idle()
+    assert all(h.result is not None for h in handles), [h.error for h in handles]
+    return [h.result for h in handles]
+
+
+@pytest.mark.parametrize("cfg", [False, True], ids=["plain", "cfg"])
+@pytest.mark.parametrize("depth", [1, 4, 8])
+def test_session_matches_diffusers_per_request(ace, depth, cfg, seed):
+    requests = _requests(seed, 10, cfg=cfg)
+    got = _session_results(ace, requests, depth)
+    for r, x in zip(requests, got):
+        torch.testing.assert_close(x, _reference(ace, r), **TOL)
+
+
+def test_bucketed_padding_matches_too(ace, seed):
+    """Compile-style buckets pad T, L and the batch further than the tick does."""
+    requests = _requests(seed + 7, 5, cfg=True)
+    engine = TorchEngine(ace, max_batch=8, max_frames=64, max_cond_len=16)
+    engine._bucketed = True  # the bucketing of compile/graphs modes, run eagerly on the CPU
+    session = StreamSession(ace, engine, depth=4)
+    handles = [session.submit(Request(**r.__dict__)) for r in requests]
+    session.run_until_idle()
+    for r, h in zip(requests, handles):
+        torch.testing.assert_close(h.result, _reference(ace, r), **TOL)
+
+
+def test_unconditional_row_is_the_broadcast_null_condition(ace):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 11, 64, generator=gen)
+    ctx = torch.randn(2, 11, 128, generator=gen)
+    t = torch.tensor([0.9, 0.4])
+    got = ace(
+        x, t, torch.randn(2, 6, 32, generator=gen), torch.zeros(2, 6, dtype=torch.bool), None, ctx
+    )
+    null = ace.null_condition.reshape(1, 1, -1).expand(2, 6, -1)
+    want = ace.transformer(
+        hidden_states=x,
+        timestep=t,
+        timestep_r=t,
+        encoder_hidden_states=null,
+        context_latents=ctx,
+        return_dict=False,
+    )[0]
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, **TOL)
+
+
+def test_adapter_contract_and_errors(ace):
+    assert (ace.latent_channels, ace.context_channels, ace.cond_dim) == (64, 128, 32)
+    pub = ACE_STEP_PRESETS["published"]
+    assert (pub.hidden_size, pub.num_hidden_layers, pub.num_attention_heads) == (2048, 24, 16)
+    assert (pub.num_key_value_heads, pub.head_dim, pub.in_channels) == (8, 128, 192)
+    assert (pub.patch_size, pub.sliding_window) == (2, 128)
+    with pytest.raises(ValueError, match="preset"):
+        build_ace_step("huge")
+    with pytest.raises(TypeError, match="AceStepTransformer1DModel"):
+        AceStepAdapter(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="null_condition"):
+        AceStepAdapter(ace.transformer, torch.zeros(5))
+    session = StreamSession(ace, TorchEngine(ace, max_batch=2, max_frames=32), depth=1)
+    with pytest.raises(ValueError, match=r"context must have shape \(6, 128\)"):
+        session.submit(Request(frames=6, cond=torch.zeros(2, 32), context=torch.zeros(6, 64)))
+    with pytest.raises(ValueError, match=r"cond must have shape \(L, 32\)"):
+        session.submit(Request(frames=6, cond=torch.zeros(2, 64)))
