@@ -23,6 +23,8 @@ the unpadded request computes on its own. The parity tests check this against th
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 try:
+    from diffusers.models.embeddings import get_1d_rotary_pos_embed
     from diffusers.models.transformers import ace_step_transformer as _ace
     from diffusers.models.transformers.ace_step_transformer import AceStepTransformer1DModel
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -136,6 +139,17 @@ class AceStepAdapter(nn.Module):
         full = None if key_mask is None else key_mask[:, None, None, :]
         return band, full
 
+    @staticmethod
+    @contextlib.contextmanager
+    def export_context() -> Iterator[None]:
+        """Entered by :func:`~stream_dit.engines.tensorrt.export_onnx` around the trace: the
+        rotary embedding with a split the ONNX trace keeps dynamic in T (same arithmetic)."""
+        _ace.apply_rotary_emb = _rotary_for_export
+        try:
+            yield
+        finally:
+            _ace.apply_rotary_emb = _ace_apply_rotary_emb
+
     def forward(
         self,
         x: torch.Tensor,
@@ -175,7 +189,13 @@ class AceStepAdapter(nn.Module):
         encoder = m.condition_embedder(states)
         cross_mask = states_mask[:, None, None, :]
 
-        rotary = _ace._ace_step_rotary_freqs(n, m.head_dim, m.rope_theta, x.device, dtype)
+        # the rotary tables of `_ace_step_rotary_freqs`, with positions derived from the tokens so
+        # an ONNX trace keeps them dynamic in T (a Python int length would be baked in)
+        positions = torch.ones_like(hidden[0, :, 0], dtype=torch.float32).cumsum(0) - 1.0
+        cos, sin = get_1d_rotary_pos_embed(
+            m.head_dim, positions, theta=m.rope_theta, use_real=True, repeat_interleave_real=False
+        )
+        rotary = (cos.to(dtype), sin.to(dtype))
         key_mask = None
         if frame_mask is not None:
             # a patch is real when its first frame is
@@ -197,6 +217,21 @@ class AceStepAdapter(nn.Module):
         out = m.proj_out_conv(hidden.transpose(1, 2)).transpose(1, 2)
         # the de-patchify output is channel-major: the fused guidance kernel reads contiguous rows
         return out[:, :frames].float().contiguous()
+
+
+def _rotary_for_export(x, freqs_cis, use_real=True, use_real_unbind_dim=-1, sequence_dim=2):
+    """diffusers' ``apply_rotary_emb`` for ACE-Step's layout (real tables, rotate-half, sequence
+    on dim 1), splitting the head dimension with ``chunk``: the original's
+    ``reshape(*x.shape[:-1], 2, -1)`` is traced with the example's sequence length baked in."""
+    if not use_real or use_real_unbind_dim != -2 or sequence_dim != 1:
+        return _ace_apply_rotary_emb(x, freqs_cis, use_real, use_real_unbind_dim, sequence_dim)
+    cos, sin = (f[None, :, None, :].to(x.device) for f in freqs_cis)
+    x_real, x_imag = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x_imag, x_real], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+_ace_apply_rotary_emb = _ace.apply_rotary_emb
 
 
 def build_ace_step(
