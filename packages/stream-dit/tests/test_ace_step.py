@@ -8,6 +8,8 @@ on that request alone, unpadded.
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
@@ -146,3 +148,29 @@ def test_adapter_contract_and_errors(ace):
         session.submit(Request(frames=6, cond=torch.zeros(2, 32), context=torch.zeros(6, 64)))
     with pytest.raises(ValueError, match=r"cond must have shape \(L, 32\)"):
         session.submit(Request(frames=6, cond=torch.zeros(2, 64)))
+
+
+def test_cli_serve_and_demo_with_ace_step(monkeypatch, tmp_path, capsys):
+    """``stream-dit serve --model ace-step`` serves the diffusers model; the demo runs it too."""
+    pytest.importorskip("fastapi")
+    uvicorn = pytest.importorskip("uvicorn")
+    import numpy as np
+    from fastapi.testclient import TestClient
+
+    from stream_dit.cli import main
+
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append(app))
+    argv = ["serve", "--model", "ace-step", "--device", "cpu", "--max-frames", "32"]
+    assert main([*argv, "--max-cond-len", "8", "--depth", "2"]) == 0
+    with TestClient(apps[0]) as client:
+        body = {"frames": 11, "cond_seed": 1, "cond_len": 3, "steps": 2, "cfg_type": "full"}
+        resp = client.post("/generate", json={**body, "guidance": 2.0})
+        assert resp.status_code == 200, resp.text
+        latent = np.load(io.BytesIO(resp.content))
+        assert latent.shape == (11, 64) and np.isfinite(latent).all()
+        assert client.post("/generate", json={**body, "frames": 40}).status_code == 400
+    assert (
+        main(["demo", "--model", "ace-step", "--output-dir", str(tmp_path), "--requests", "2"]) == 0
+    )
+    assert "ace-step: 2/2 requests" in capsys.readouterr().out
