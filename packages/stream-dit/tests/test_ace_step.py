@@ -65,19 +65,20 @@ def _requests(seed: int, n: int, *, cfg: bool) -> list[Request]:
 
 
 def _reference(adapter: AceStepAdapter, r: Request) -> torch.Tensor:
+    dev = adapter.null_condition.device
     noise = torch.randn(r.frames, 64, generator=torch.Generator().manual_seed(r.seed))
     cond = r.cond if r.cond_mask is None else r.cond[r.cond_mask]
     return reference_denoise(
         adapter.transformer,
-        noise,
-        cond,
+        noise.to(dev),
+        cond.to(dev),
         steps=r.steps,
         shift=r.shift,
         null_condition=adapter.null_condition,
         guidance=r.guidance if r.cfg_type == "full" else 1.0,
-        negative=r.negative,
-        context=r.context,
-    )
+        negative=None if r.negative is None else r.negative.to(dev),
+        context=None if r.context is None else r.context.to(dev),
+    ).cpu()
 
 
 def _session_results(adapter, requests, depth, **engine_kw) -> list[torch.Tensor]:
@@ -174,3 +175,73 @@ def test_cli_serve_and_demo_with_ace_step(monkeypatch, tmp_path, capsys):
         main(["demo", "--model", "ace-step", "--output-dir", str(tmp_path), "--requests", "2"]) == 0
     )
     assert "ace-step: 2/2 requests" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- GPU: published size, engines
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+def _gpu_requests(n: int, cond_dim: int, *, cfg: bool) -> list[Request]:
+    gen = torch.Generator().manual_seed(11)
+    return [
+        Request(
+            frames=100 - 7 * (i % 3),  # odd and even T, padded frames in every batch
+            cond=torch.randn(12 + 5 * (i % 2), cond_dim, generator=gen),
+            context=torch.randn(100 - 7 * (i % 3), 128, generator=gen) if i % 2 else None,
+            seed=i,
+            steps=4,
+            shift=3.0,
+            **({"cfg_type": "full", "guidance": 3.0} if cfg else {}),
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [False, True], ids=["plain", "cfg"])
+def test_published_size_bf16_session_matches_diffusers_on_gpu(cfg):
+    """The published ACE-Step configuration in bf16: session at depth 1, 4, 8 vs the diffusers
+    model driven per request in bf16. bf16 results depend on the batch (GEMM tiling), so the bound
+    is relative to bf16's own error: at most 3x the distance of the bf16 reference from fp32."""
+    fp32 = build_ace_step("published", seed=0, device="cuda", dtype=torch.float32)
+    bf16 = build_ace_step("published", seed=0, device="cuda", dtype=torch.bfloat16)
+    bf16.load_state_dict(fp32.state_dict())  # same weights, rounded
+    requests = _gpu_requests(8, bf16.cond_dim, cfg=cfg)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        exact = [_reference(fp32, r) for r in requests]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    del fp32
+    torch.cuda.empty_cache()
+    ref = [_reference(bf16, r) for r in requests]
+    floor = [_rel(a, b) for a, b in zip(ref, exact)]
+    for depth in (1, 4, 8):
+        engine = TorchEngine(bf16, max_batch=2 * depth, max_frames=128, max_cond_len=32)
+        session = StreamSession(bf16, engine, depth=depth, max_queue=len(requests))
+        handles = [session.submit(Request(**r.__dict__)) for r in requests]
+        session.run_until_idle()
+        for h, want, f in zip(handles, ref, floor):
+            assert h.result is not None and torch.isfinite(h.result).all()
+            assert _rel(h.result, want) <= 3 * f + 1e-3, (depth, _rel(h.result, want), f)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["compile", "graphs", "compile-graphs"])
+def test_engines_match_eager_on_gpu(mode):
+    """torch.compile, CUDA graphs and both together serve the ACE-Step model like eager does
+    (bf16, the small size; CFG at a ceiling of 8 rows for depth 4, padded frames)."""
+    model = build_ace_step("small", seed=0, device="cuda", dtype=torch.bfloat16)
+    requests = _gpu_requests(6, model.cond_dim, cfg=True)
+    out = {}
+    for m in ("eager", mode):
+        engine = TorchEngine(model, max_batch=8, max_frames=128, max_cond_len=32, mode=m)
+        session = StreamSession(model, engine, depth=4)
+        handles = [session.submit(Request(**r.__dict__)) for r in requests]
+        session.run_until_idle()
+        out[m] = [h.result for h in handles]
+    for got, want in zip(out[mode], out["eager"], strict=True):
+        assert torch.isfinite(got).all()
+        assert _rel(got, want) < 5e-2, _rel(got, want)

@@ -101,6 +101,9 @@ class AceStepAdapter(nn.Module):
         self.context_channels = int(cfg.in_channels) - self.latent_channels
         self.cond_dim = int(cfg.encoder_hidden_size or cfg.hidden_size)
         self.patch = int(cfg.patch_size)
+        # decided once (torch.compile cannot trace diffusers' backend lookup): set the attention
+        # backend of the transformer before wrapping it
+        self._flash = _ace._is_flash_attention_backend(transformer.layers[0].self_attn.processor)
         param = next(transformer.parameters())
         if null_condition is None:
             gen = torch.Generator().manual_seed(int(seed))
@@ -124,7 +127,7 @@ class AceStepAdapter(nn.Module):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(sliding-window layers' mask, full-attention layers' mask) over ``n`` patches."""
         m = self.transformer
-        if _ace._is_flash_attention_backend(m.layers[0].self_attn.processor):
+        if self._flash:
             # flash backends take the window as an argument and padding as a 2-D key mask
             return key_mask, key_mask
         band = _ace._create_4d_mask(
