@@ -9,7 +9,6 @@ import torch
 
 from stream_dit import Request, StreamSession, TorchEngine
 from stream_dit.engines.tensorrt import (
-    INPUT_NAMES,
     OptimizationProfile,
     TensorRTEngine,
     export_onnx,
@@ -81,8 +80,9 @@ class FakeContext:
             "states": torch.float32,
             "states_mask": torch.bool,
             "frame_mask": torch.bool,
+            "context": torch.float32,
         }
-        ins = {n: _view(self.addresses[n], self.shapes[n], dtypes[n]).clone() for n in INPUT_NAMES}
+        ins = {n: _view(self.addresses[n], s, dtypes[n]).clone() for n, s in self.shapes.items()}
         out = _view(self.addresses["velocity"], self.shapes["x"], torch.float32)
         out.copy_(self.model(**ins))
         return True
@@ -118,9 +118,18 @@ def _engine(model, log, profile=None):
     profile = profile or OptimizationProfile(
         batch=(1, 4, 4), frames=(1, 16, 32), cond_len=(1, 8, 9)
     )
-    return TensorRTEngine(
-        b"plan", profile, 64, 32, device="cpu", trt=trt, ordering=FakeOrdering(log)
-    ), ctx
+    ctx_channels = getattr(model, "context_channels", 0)
+    engine = TensorRTEngine(
+        b"plan",
+        profile,
+        64,
+        model.cond_dim,
+        device="cpu",
+        trt=trt,
+        ordering=FakeOrdering(log),
+        context_channels=ctx_channels,
+    )
+    return engine, ctx
 
 
 def test_wrapper_binds_orders_and_reuses_buffers_by_shape(tiny_model, rng):
@@ -198,6 +207,82 @@ def test_session_over_the_fake_engine_matches_torch_with_two_pass_cfg(tiny_model
     assert a.last_stats.passes == 2
     a.run_until_idle()
     b = StreamSession(tiny_model, TorchEngine(tiny_model, max_batch=4), depth=2)
+    hb = [b.submit(Request(**r.__dict__)) for r in reqs]
+    b.run_until_idle()
+    for x, y in zip(ha, hb):
+        torch.testing.assert_close(x.result, y.result, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------- ACE-Step (diffusers)
+@pytest.fixture(scope="module")
+def ace():
+    pytest.importorskip("diffusers")
+    from stream_dit.model.ace_step import build_ace_step
+
+    return build_ace_step("tiny", seed=0)
+
+
+def test_ace_step_onnx_export_matches_pytorch_at_several_shapes(ace, tmp_path, rng):
+    """The diffusers model (GQA, sliding-window band, patch 2, context input) exported with
+    dynamic batch, T (odd and even) and L, unconditional rows included, run in onnxruntime."""
+    path = export_onnx(
+        ace,
+        tmp_path / "ace.onnx",
+        OptimizationProfile(batch=(1, 2, 4), frames=(1, 12, 32), cond_len=(1, 5, 9)),
+    )
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [i.name for i in sess.get_inputs()][-1] == "context"
+    for b, t, n in ((2, 12, 5), (3, 7, 2), (1, 21, 9), (4, 13, 3)):
+        x = torch.randn(b, t, 64, generator=rng)
+        ts = torch.rand(b, generator=rng)
+        s = torch.randn(b, n, 32, generator=rng)
+        m = torch.ones(b, n, dtype=torch.bool)
+        m[0, n // 2 :] = False
+        if b > 1:
+            m[1] = False  # the null condition
+        fm = torch.ones(b, t, dtype=torch.bool)
+        fm[-1, t // 2 :] = False
+        c = torch.randn(b, t, 128, generator=rng)
+        ref = ace(x, ts, s, m, fm, c)
+        feed = {"x": x, "t": ts, "states": s, "states_mask": m, "frame_mask": fm, "context": c}
+        (got,) = sess.run(None, {k: v.numpy() for k, v in feed.items()})
+        np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_ace_step_export_rotary_equals_diffusers(rng):
+    pytest.importorskip("diffusers")
+    from diffusers.models.embeddings import apply_rotary_emb, get_1d_rotary_pos_embed
+
+    from stream_dit.model.ace_step import _rotary_for_export
+
+    x = torch.randn(2, 9, 4, 16, generator=rng)
+    freqs = get_1d_rotary_pos_embed(16, torch.arange(9.0), theta=1e6, use_real=True)
+    want = apply_rotary_emb(x, freqs, use_real=True, use_real_unbind_dim=-2, sequence_dim=1)
+    got = _rotary_for_export(x, freqs, use_real=True, use_real_unbind_dim=-2, sequence_dim=1)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_ace_step_session_over_the_fake_engine_binds_context(ace, rng):
+    eng, ctx = _engine(
+        ace, [], OptimizationProfile(batch=(1, 2, 4), frames=(1, 16, 32), cond_len=(1, 8, 9))
+    )
+    reqs = [
+        Request(
+            frames=9 + i,
+            cond=torch.randn(3 + i, 32, generator=rng),
+            context=torch.randn(9 + i, 128, generator=rng) if i else None,
+            seed=i,
+            steps=3,
+            cfg_type="full",
+            guidance=3.0,
+        )
+        for i in range(2)
+    ]
+    a = StreamSession(ace, eng, depth=2)
+    ha = [a.submit(Request(**r.__dict__)) for r in reqs]
+    a.run_until_idle()
+    assert ctx.shapes["context"][2] == 128
+    b = StreamSession(ace, TorchEngine(ace, max_batch=4), depth=2)
     hb = [b.submit(Request(**r.__dict__)) for r in reqs]
     b.run_until_idle()
     for x, y in zip(ha, hb):

@@ -9,7 +9,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 from .curves import Curve
 from .engines import Engine, TorchEngine, derive_depth
-from .model import DenoiserAdapter, DiT1D, DiTConfig, build_model
+from .model import DenoiserAdapter, DiT1D, DiTConfig, build_denoiser, build_model
 from .request import Request
 from .schedule import flow_schedule
 from .session import Handle, QueueFullError, Status, StreamSession
@@ -27,6 +27,7 @@ __all__ = [
     "StreamSession",
     "TorchEngine",
     "__version__",
+    "build_denoiser",
     "build_model",
     "derive_depth",
     "flow_schedule",

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .engines import TorchEngine
-from .model import FRAME_RATE, build_model
+from .model import FRAME_RATE, build_denoiser, default_preset
 from .request import Request
 from .schedule import flow_schedule
 from .session import StreamSession
@@ -23,7 +23,8 @@ from .session import StreamSession
 
 @dataclass
 class BenchConfig:
-    preset: str = "large"
+    model: str = "dit"  # dit | ace-step
+    preset: str | None = None  # None: the largest on CUDA (large / published), tiny on CPU
     depth: int = 4
     steps: int = 8
     ticks: int = 200
@@ -31,7 +32,7 @@ class BenchConfig:
     frames: int = 250
     cond_len: int = 64
     cfg: bool = False
-    engine: str = "torch"  # torch | compile | graphs
+    engine: str = "torch"  # torch | compile | graphs | compile-graphs
     device: str = "cuda"
     dtype: str = "bfloat16"
     naive_requests: int = 4
@@ -73,14 +74,14 @@ _MODELS: dict = {}
 def build(cfg: BenchConfig):
     device = torch.device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
-    key = (cfg.preset, str(device), cfg.dtype)
-    if key not in _MODELS:  # building the large model takes seconds; runs of one script share it
+    if cfg.preset is None:
+        cfg.preset = default_preset(cfg.model, device)
+    key = (cfg.model, cfg.preset, str(device), cfg.dtype)
+    if key not in _MODELS:  # building a large model takes seconds; runs of one script share it
         _MODELS.clear()
-        _MODELS[key] = build_model(cfg.preset, seed=0, device=device, dtype=dtype)
+        _MODELS[key] = build_denoiser(cfg.model, cfg.preset, seed=0, device=device, dtype=dtype)
     model = _MODELS[key]
-    mode = {"torch": "eager", "eager": "eager", "compile": "compile", "graphs": "graphs"}[
-        cfg.engine
-    ]
+    mode = "eager" if cfg.engine == "torch" else cfg.engine
     rows = cfg.depth * (2 if cfg.cfg else 1)
     engine = TorchEngine(
         model, max_batch=rows, max_frames=max(cfg.frames, 32), max_cond_len=cfg.cond_len, mode=mode
@@ -273,7 +274,7 @@ def format_result(res: dict) -> str:
     s = res["session"]
     c = res["config"]
     lines = [
-        f"{c['preset']} depth={c['depth']} steps={c['steps']} frames={c['frames']} cfg={c['cfg']} engine={c['engine']} on {c['device']}",
+        f"{c['model']}/{c['preset']} depth={c['depth']} steps={c['steps']} frames={c['frames']} cfg={c['cfg']} engine={c['engine']} on {c['device']}",
         f"  tick {s['tick_ms']:.3f} ms ({s['rows_per_tick']} rows, {s['passes_per_tick']} pass), engine forward {s['forward_ms']:.3f} ms, "
         f"overhead {s['overhead_ms']:.3f} ms ({100 * s['overhead_fraction']:.1f}%)",
         f"  {s['latents_per_s']:.2f} latents/s, audio x{s['audio_x_realtime']:.1f} realtime",

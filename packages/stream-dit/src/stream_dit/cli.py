@@ -9,6 +9,17 @@ from pathlib import Path
 
 import torch
 
+from .engines.torch_engine import MODES
+from .model.registry import MODELS
+
+_MODEL_HELP = (
+    "dit: the built-in DiT; ace-step: diffusers' ACE-Step 1.5 transformer (extra diffusers)"
+)
+_PRESET_HELP = (
+    "model size: dit tiny/small/base/large, ace-step tiny/small/published "
+    "(default: large / published on CUDA, tiny on CPU)"
+)
+
 
 def _device_default() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -19,7 +30,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     on_gpu = args.device.startswith("cuda")
     cfg = BenchConfig(
-        preset=args.preset or ("large" if on_gpu else "tiny"),
+        model=args.model,
+        preset=args.preset,
         depth=args.depth,
         steps=args.steps,
         ticks=args.ticks,
@@ -51,13 +63,13 @@ def _serve(args: argparse.Namespace) -> int:
         )
         return 2
     from .engines import TorchEngine
-    from .model import build_model
+    from .model import build_denoiser
     from .session import StreamSession
 
     dtype = getattr(
         torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     )
-    model = build_model(args.preset, seed=args.seed, device=args.device, dtype=dtype)
+    model = build_denoiser(args.model, args.preset, seed=args.seed, device=args.device, dtype=dtype)
     engine = TorchEngine(
         model,
         max_batch=2 * args.depth,
@@ -87,7 +99,9 @@ def _serve(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    res = run_demo(Path(args.output_dir), requests=args.requests, depth=args.depth)
+    res = run_demo(
+        Path(args.output_dir), requests=args.requests, depth=args.depth, model=args.model
+    )
     print(f"{res.summary}; {res.key_figure} [{res.backend}]")
     return 0
 
@@ -102,10 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--ticks", type=int, default=200)
     b.add_argument("--warmup", type=int, default=30)
     b.add_argument("--cfg", action="store_true", help="guided requests (full CFG)")
-    b.add_argument("--engine", choices=["torch", "compile", "graphs"], default="torch")
-    b.add_argument(
-        "--preset", default=None, help="model preset (default: large on CUDA, tiny on CPU)"
-    )
+    b.add_argument("--engine", choices=["torch", *MODES[1:]], default="torch")
+    b.add_argument("--model", choices=MODELS, default="dit", help=_MODEL_HELP)
+    b.add_argument("--preset", default=None, help=_PRESET_HELP)
     b.add_argument(
         "--frames", type=int, default=250, help="latent frames per request (25 per second)"
     )
@@ -121,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         "--host", default="127.0.0.1", help="bind address (default 127.0.0.1: this machine only)"
     )
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--preset", default="tiny")
+    s.add_argument("--model", choices=MODELS, default="dit", help=_MODEL_HELP)
+    s.add_argument("--preset", default="tiny", help="model size (ace-step: tiny/small/published)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--depth", type=int, default=4)
     s.add_argument(
@@ -140,12 +154,13 @@ def main(argv: list[str] | None = None) -> int:
         "--max-connections", type=int, default=1024, help="open connections before uvicorn's 503"
     )
     s.add_argument("--log-level", default="info")
-    s.add_argument("--engine-mode", choices=["eager", "compile", "graphs"], default="eager")
+    s.add_argument("--engine-mode", choices=MODES, default="eager")
     s.add_argument("--device", default=_device_default())
     s.add_argument("--dtype", default=None)
     s.set_defaults(fn=_serve)
 
-    d = sub.add_parser("demo", help="stream a handful of requests through the tiny model")
+    d = sub.add_parser("demo", help="stream a handful of requests through a tiny model")
+    d.add_argument("--model", choices=MODELS, default="dit", help=_MODEL_HELP)
     d.add_argument("--output-dir", default="demo-output")
     d.add_argument("--requests", type=int, default=8)
     d.add_argument("--depth", type=int, default=4)

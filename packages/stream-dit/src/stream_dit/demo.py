@@ -1,4 +1,5 @@
-"""``uv run demo`` / ``stream-dit demo``: stream a handful of requests through the tiny model."""
+"""``uv run demo`` / ``stream-dit demo``: stream a handful of requests through a tiny model (the
+built-in DiT, or ACE-Step 1.5's diffusers transformer at a tiny size with ``--model ace-step``)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,22 @@ import torch
 
 from triton_dispatch import DemoResult, select_backend
 
-from .model import FRAME_RATE, build_model
+from .model import FRAME_RATE, build_denoiser
 from .request import Request
 from .session import StreamSession
 
 
-def run_demo(output_dir: Path, *, requests: int = 8, depth: int = 4, steps: int = 8) -> DemoResult:
+def run_demo(
+    output_dir: Path, *, requests: int = 8, depth: int = 4, steps: int = 8, model: str = "dit"
+) -> DemoResult:
     """Serve ``requests`` mixed requests (plain, CFG, RCFG, SDE noise) at ``depth`` on the tiny
-    model and report ticks, latents/s and audio × realtime; writes ``stream_dit_demo.json``."""
+    size of ``model`` and report ticks, latents/s and audio × realtime; writes
+    ``stream_dit_demo.json``."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = build_model("tiny", seed=0, device=device)
-    session = StreamSession(model, depth=depth, max_queue=requests)
+    denoiser = build_denoiser(model, "tiny", seed=0, device=device)
+    session = StreamSession(denoiser, depth=depth, max_queue=requests)
     gen = torch.Generator().manual_seed(0)
     kinds = [
         {},
@@ -35,7 +39,7 @@ def run_demo(output_dir: Path, *, requests: int = 8, depth: int = 4, steps: int 
         session.submit(
             Request(
                 frames=frames,
-                cond=torch.randn(6, 32, generator=gen),
+                cond=torch.randn(6, denoiser.cond_dim, generator=gen),
                 seed=i,
                 steps=steps,
                 shift=3.0,
@@ -53,6 +57,7 @@ def run_demo(output_dir: Path, *, requests: int = 8, depth: int = 4, steps: int 
     ok = sum(h.result is not None and bool(torch.isfinite(h.result).all()) for h in handles)
     audio = ok * frames / FRAME_RATE
     figures = {
+        "model": model,
         "requests": requests,
         "finished": ok,
         "depth": depth,
@@ -65,7 +70,7 @@ def run_demo(output_dir: Path, *, requests: int = 8, depth: int = 4, steps: int 
     out = output_dir / "stream_dit_demo.json"
     out.write_text(json.dumps(figures, indent=2))
     return DemoResult(
-        summary=f"{ok}/{requests} requests in {session.ticks} ticks at depth {depth} ({figures['ms_per_tick']:.1f} ms/tick)",
+        summary=f"{model}: {ok}/{requests} requests in {session.ticks} ticks at depth {depth} ({figures['ms_per_tick']:.1f} ms/tick)",
         backend=select_backend(device=torch.device(device)),
         key_figure=f"{figures['audio_x_realtime']:.1f}x realtime audio ({figures['latents_per_s']:.1f} latents/s)",
         outputs=[out],

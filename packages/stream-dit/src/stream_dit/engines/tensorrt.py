@@ -9,14 +9,24 @@ engine has NOT been run by this package's tests: TensorRT could not be installed
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 INPUT_NAMES = ("x", "t", "states", "states_mask", "frame_mask")
+#: the extra input of models that take context latents (ACE-Step: source latents + chunk mask)
+CONTEXT_NAME = "context"
 OUTPUT_NAME = "velocity"
+
+
+def input_names(context_channels: int = 0) -> tuple[str, ...]:
+    """The exported graph's inputs: ``INPUT_NAMES``, plus ``context`` for models that take it."""
+    return (*INPUT_NAMES, CONTEXT_NAME) if context_channels else INPUT_NAMES
 
 
 @dataclass(frozen=True)
@@ -33,15 +43,19 @@ class OptimizationProfile:
             if not 1 <= lo <= opt <= hi:
                 raise ValueError(f"{name} must satisfy 1 <= min <= opt <= max, got {(lo, opt, hi)}")
 
-    def shapes(self, channels: int, cond_dim: int) -> dict[str, tuple[tuple[int, ...], ...]]:
+    def shapes(
+        self, channels: int, cond_dim: int, context_channels: int = 0
+    ) -> dict[str, tuple[tuple[int, ...], ...]]:
         """(min, opt, max) shape of every input."""
-        out: dict[str, list] = {n: [] for n in INPUT_NAMES}
+        out: dict[str, list] = {n: [] for n in input_names(context_channels)}
         for b, t, n in zip(self.batch, self.frames, self.cond_len):
             out["x"].append((b, t, channels))
             out["t"].append((b,))
             out["states"].append((b, n, cond_dim))
             out["states_mask"].append((b, n))
             out["frame_mask"].append((b, t))
+            if context_channels:
+                out[CONTEXT_NAME].append((b, t, context_channels))
         return {k: tuple(v) for k, v in out.items()}
 
 
@@ -52,18 +66,43 @@ def _example_inputs(adapter, batch: int, frames: int, cond_len: int, device) -> 
     states = torch.randn(batch, cond_len, adapter.cond_dim, generator=gen).to(device)
     mask = torch.ones(batch, cond_len, dtype=torch.bool, device=device)
     frame_mask = torch.ones(batch, frames, dtype=torch.bool, device=device)
-    return x, t, states, mask, frame_mask
+    ctx_channels = getattr(adapter, "context_channels", 0)
+    if not ctx_channels:
+        return x, t, states, mask, frame_mask
+    context = torch.randn(batch, frames, ctx_channels, generator=gen).to(device)
+    return x, t, states, mask, frame_mask, context
 
 
 class _Exported(torch.nn.Module):
-    """The adapter with a fixed signature (frame mask always given, no context)."""
+    """The adapter with a fixed signature (frame mask always given; context when it takes it)."""
 
     def __init__(self, adapter) -> None:
         super().__init__()
         self.adapter = adapter
 
-    def forward(self, x, t, states, states_mask, frame_mask):
-        return self.adapter(x, t, states, states_mask, frame_mask)
+    def forward(self, x, t, states, states_mask, frame_mask, context=None):
+        return self.adapter(x, t, states, states_mask, frame_mask, context)
+
+
+@contextlib.contextmanager
+def _sdpa_with_expanded_kv() -> Iterator[None]:
+    """Export-time stand-in for grouped-query SDPA: the ONNX exporter has no conversion for
+    ``scaled_dot_product_attention(enable_gqa=True)`` (ACE-Step's 16 query / 8 KV heads), so keys
+    and values are repeated to the query heads first, which computes the same attention."""
+    sdpa = F.scaled_dot_product_attention
+
+    def expanded(query, key, value, *args, enable_gqa: bool = False, **kwargs):
+        if enable_gqa and key.shape[-3] != query.shape[-3]:
+            groups = query.shape[-3] // key.shape[-3]
+            key = key.repeat_interleave(groups, dim=-3)
+            value = value.repeat_interleave(groups, dim=-3)
+        return sdpa(query, key, value, *args, **kwargs)
+
+    F.scaled_dot_product_attention = expanded
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = sdpa
 
 
 def export_onnx(
@@ -71,7 +110,9 @@ def export_onnx(
 ) -> Path:
     """Export ``adapter`` to ONNX with dynamic batch, T and L (the profile's opt shapes trace it).
 
-    Context latents are not part of the exported signature.
+    Models with context latents (``adapter.context_channels > 0``) get a sixth input ``context``
+    ``(batch, T, context_channels)``. Grouped-query attention is exported with keys and values
+    repeated to the query heads.
     """
     profile = profile or OptimizationProfile()
     path = Path(path)
@@ -79,7 +120,9 @@ def export_onnx(
     example = _example_inputs(
         adapter, profile.batch[1], profile.frames[1], profile.cond_len[1], device
     )
+    names = input_names(getattr(adapter, "context_channels", 0))
     dynamic_axes = {
+        CONTEXT_NAME: {0: "batch", 1: "frames"},
         "x": {0: "batch", 1: "frames"},
         "t": {0: "batch"},
         "states": {0: "batch", 1: "cond_len"},
@@ -87,12 +130,16 @@ def export_onnx(
         "frame_mask": {0: "batch", 1: "frames"},
         OUTPUT_NAME: {0: "batch", 1: "frames"},
     }
-    with torch.no_grad():
+    if CONTEXT_NAME not in names:
+        del dynamic_axes[CONTEXT_NAME]
+    # adapters may swap in trace-friendly equivalents of third-party code while exporting
+    export_context = getattr(adapter, "export_context", contextlib.nullcontext)
+    with torch.no_grad(), _sdpa_with_expanded_kv(), export_context():
         torch.onnx.export(
             _Exported(adapter).eval(),
             example,
             str(path),
-            input_names=list(INPUT_NAMES),
+            input_names=list(names),
             output_names=[OUTPUT_NAME],
             dynamic_axes=dynamic_axes,
             opset_version=opset,
@@ -109,6 +156,7 @@ def build_engine(
     *,
     fp16: bool = True,
     trt: Any = None,
+    context_channels: int = 0,
 ) -> bytes:
     """Build a serialized TensorRT engine from the ONNX file with one optimisation profile."""
     if trt is None:
@@ -124,7 +172,7 @@ def build_engine(
     if fp16:
         config.set_flag(trt.BuilderFlag.FP16)
     opt = builder.create_optimization_profile()
-    for name, (lo, mid, hi) in profile.shapes(channels, cond_dim).items():
+    for name, (lo, mid, hi) in profile.shapes(channels, cond_dim, context_channels).items():
         opt.set_shape(name, lo, mid, hi)
     config.add_optimization_profile(opt)
     serialized = builder.build_serialized_network(network, config)
@@ -166,12 +214,12 @@ class TensorRTEngine:
     Args:
         serialized: the engine bytes from :func:`build_engine`.
         profile: the profile it was built with (gives the batch ceiling and T/L limits).
-        latent_channels, cond_dim: the model's sizes.
+        latent_channels, cond_dim: the model's sizes; ``context_channels``: the width of the
+            ``context`` input for engines exported from a model that takes context latents.
         trt: the ``tensorrt`` module (injectable for tests); ``ordering``: the stream ordering
             object (default: a CUDA stream with events).
     """
 
-    context_channels = 0
     reuses_output = True
 
     def __init__(
@@ -184,6 +232,7 @@ class TensorRTEngine:
         device: torch.device | str = "cuda",
         trt: Any = None,
         ordering: Any = None,
+        context_channels: int = 0,
     ) -> None:
         if trt is None:
             import tensorrt as trt
@@ -191,6 +240,7 @@ class TensorRTEngine:
         self.profile = profile
         self.latent_channels = latent_channels
         self.cond_dim = cond_dim
+        self.context_channels = context_channels
         self.max_batch = profile.batch[2]
         self.max_frames = profile.frames[2]
         self.max_cond_len = profile.cond_len[2] - 1 if profile.cond_len[2] > 1 else 1
@@ -202,6 +252,7 @@ class TensorRTEngine:
         self._ordering = ordering if ordering is not None else _CudaOrdering(self.device)
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}
         self._ones: dict[tuple[int, int], torch.Tensor] = {}
+        self._zeros: dict[tuple[int, int], torch.Tensor] = {}
 
     def frames_bucket(self, frames: int) -> int:
         return max(frames, self.profile.frames[0])
@@ -230,7 +281,7 @@ class TensorRTEngine:
         return out
 
     def forward(self, x, t, states, states_mask, frame_mask=None, context=None) -> torch.Tensor:
-        if context is not None:
+        if context is not None and not self.context_channels:
             raise ValueError("the exported TensorRT engine takes no context latents")
         self._check(x, states)
         b, frames = x.shape[:2]
@@ -246,6 +297,13 @@ class TensorRTEngine:
             "states_mask": states_mask.to(torch.bool).contiguous(),
             "frame_mask": frame_mask.to(torch.bool).contiguous(),
         }
+        if self.context_channels:
+            if context is None:
+                context = self._zeros.get((b, frames))
+                if context is None:
+                    context = torch.zeros(b, frames, self.context_channels, device=self.device)
+                    self._zeros[(b, frames)] = context
+            bound[CONTEXT_NAME] = context.float().contiguous()
         out = self.output_buffer(b, frames)
         ctx = self._context
         for name, tensor in bound.items():

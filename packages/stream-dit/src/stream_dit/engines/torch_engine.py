@@ -11,7 +11,8 @@ from triton_dispatch import next_power_of_2
 from ..model.adapter import DenoiserAdapter
 from .base import round_up
 
-Mode = Literal["eager", "compile", "graphs"]
+Mode = Literal["eager", "compile", "graphs", "compile-graphs"]
+MODES: tuple[str, ...] = ("eager", "compile", "graphs", "compile-graphs")
 
 
 class TorchEngine:
@@ -23,7 +24,9 @@ class TorchEngine:
         max_frames, max_cond_len: the largest T and L accepted.
         mode: ``"eager"``; ``"compile"`` (``torch.compile`` of the adapter; shapes are bucketed to
             bound recompiles); ``"graphs"`` (one CUDA graph per (batch bucket, T bucket, L bucket),
-            captured on first use; the output buffer is reused by the next replay).
+            captured on first use; the output buffer is reused by the next replay);
+            ``"compile-graphs"`` (the ``torch.compile``d adapter captured in those graphs: fused
+            pointwise kernels and no launch overhead).
         frame_multiple, cond_multiple: bucket granularity of T and L in compile/graph modes.
     """
 
@@ -39,8 +42,8 @@ class TorchEngine:
         frame_multiple: int = 32,
         cond_multiple: int = 16,
     ) -> None:
-        if mode not in ("eager", "compile", "graphs"):
-            raise ValueError(f"mode must be 'eager', 'compile' or 'graphs', got {mode!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         for name, value in (
             ("max_batch", max_batch),
             ("max_frames", max_frames),
@@ -53,8 +56,9 @@ class TorchEngine:
                 next(adapter.parameters()).device if isinstance(adapter, torch.nn.Module) else "cpu"
             )
         self.device = torch.device(device)
-        if mode == "graphs" and self.device.type != "cuda":
-            raise ValueError("mode='graphs' needs a CUDA device")
+        self._graphed = mode in ("graphs", "compile-graphs")
+        if self._graphed and self.device.type != "cuda":
+            raise ValueError(f"mode={mode!r} needs a CUDA device")
         self.adapter = adapter
         self.mode = mode
         self.max_batch = max_batch
@@ -63,11 +67,12 @@ class TorchEngine:
         self.latent_channels = adapter.latent_channels
         self.cond_dim = adapter.cond_dim
         self.context_channels = getattr(adapter, "context_channels", 0)
-        self.reuses_output = mode == "graphs"
+        self.reuses_output = self._graphed
         self._bucketed = mode != "eager"
         self._frame_multiple = frame_multiple
         self._cond_multiple = cond_multiple
-        self._fn = torch.compile(adapter, dynamic=False) if mode == "compile" else adapter
+        compiled = mode in ("compile", "compile-graphs")
+        self._fn = torch.compile(adapter, dynamic=False) if compiled else adapter
         self._graphs: dict[
             tuple[int, int, int], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]
         ] = {}
@@ -105,7 +110,7 @@ class TorchEngine:
         context: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self._check(x, states)
-        if self.mode != "graphs":
+        if not self._graphed:
             if self._bucketed:
                 return self._padded_call(x, t, states, states_mask, frame_mask, context)
             return self._fn(x, t, states, states_mask, frame_mask, context)
@@ -153,14 +158,14 @@ class TorchEngine:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up outside the graph (allocations, cuBLAS handles)
-                self.adapter(**inputs)
+            for _ in range(2):  # warm-up outside the graph (allocations, cuBLAS, compilation)
+                self._fn(**inputs)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self.adapter(**inputs)
+            out = self._fn(**inputs)
         self._graphs[key] = (graph, inputs, out)
 
     def _replay(self, x, t, states, states_mask, frame_mask, context):

@@ -1,0 +1,247 @@
+"""ACE-Step 1.5's diffusers transformer through the session: parity with driving diffusers directly.
+
+Each request through a session at depth 1, 4 and 8, with and without CFG, must equal
+:func:`reference_denoise`, the ACE-Step pipeline's loop (its schedule, its Euler scheduler, its
+``timestep_r = t`` and null-condition conventions) calling ``AceStepTransformer1DModel.forward``
+on that request alone, unpadded.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+from stream_dit import Request, StreamSession, TorchEngine
+from stream_dit.model.ace_step import (
+    ACE_STEP_PRESETS,
+    AceStepAdapter,
+    build_ace_step,
+    reference_denoise,
+)
+
+TOL = {"rtol": 1e-4, "atol": 1e-4}
+
+
+@pytest.fixture(scope="module")
+def ace():
+    return build_ace_step("tiny", seed=0)
+
+
+def _requests(seed: int, n: int, *, cfg: bool) -> list[Request]:
+    """Mixed lengths (odd T pads a patch), masked and unmasked conditioning, context or none."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        frames = int(torch.randint(5, 29, (1,), generator=gen))
+        length = int(torch.randint(1, 9, (1,), generator=gen))
+        cond = torch.randn(length, 32, generator=gen)
+        mask = None
+        if length > 2 and i % 3 == 1:
+            mask = torch.rand(length, generator=gen) > 0.4
+            mask[int(torch.randint(length, (1,), generator=gen))] = True
+        ctx = torch.randn(frames, 128, generator=gen) if i % 2 == 0 else None
+        kw = {}
+        if cfg:
+            kw = {"cfg_type": "full", "guidance": 1.5 + i % 4}
+            if i % 4 == 3:  # an explicit negative prompt; otherwise the null condition
+                kw["negative"] = torch.randn(length + 1, 32, generator=gen)
+        out.append(
+            Request(
+                frames=frames,
+                cond=cond,
+                cond_mask=mask,
+                context=ctx,
+                seed=(seed % 100_000) * 100 + i,
+                steps=3 + i % 3,
+                shift=3.0,
+                **kw,
+            )
+        )
+    return out
+
+
+def _reference(adapter: AceStepAdapter, r: Request) -> torch.Tensor:
+    dev = adapter.null_condition.device
+    noise = torch.randn(r.frames, 64, generator=torch.Generator().manual_seed(r.seed))
+    cond = r.cond if r.cond_mask is None else r.cond[r.cond_mask]
+    return reference_denoise(
+        adapter.transformer,
+        noise.to(dev),
+        cond.to(dev),
+        steps=r.steps,
+        shift=r.shift,
+        null_condition=adapter.null_condition,
+        guidance=r.guidance if r.cfg_type == "full" else 1.0,
+        negative=None if r.negative is None else r.negative.to(dev),
+        context=None if r.context is None else r.context.to(dev),
+    ).cpu()
+
+
+def _session_results(adapter, requests, depth, **engine_kw) -> list[torch.Tensor]:
+    engine = TorchEngine(adapter, max_batch=2 * depth, max_frames=32, max_cond_len=16, **engine_kw)
+    session = StreamSession(adapter, engine, depth=depth, max_queue=len(requests))
+    handles = [session.submit(Request(**r.__dict__)) for r in requests]
+    session.run_until_idle()
+    assert all(h.result is not None for h in handles), [h.error for h in handles]
+    return [h.result for h in handles]
+
+
+@pytest.mark.parametrize("cfg", [False, True], ids=["plain", "cfg"])
+@pytest.mark.parametrize("depth", [1, 4, 8])
+def test_session_matches_diffusers_per_request(ace, depth, cfg, seed):
+    requests = _requests(seed, 10, cfg=cfg)
+    got = _session_results(ace, requests, depth)
+    for r, x in zip(requests, got):
+        torch.testing.assert_close(x, _reference(ace, r), **TOL)
+
+
+def test_bucketed_padding_matches_too(ace, seed):
+    """Compile-style buckets pad T, L and the batch further than the tick does."""
+    requests = _requests(seed + 7, 5, cfg=True)
+    engine = TorchEngine(ace, max_batch=8, max_frames=64, max_cond_len=16)
+    engine._bucketed = True  # the bucketing of compile/graphs modes, run eagerly on the CPU
+    session = StreamSession(ace, engine, depth=4)
+    handles = [session.submit(Request(**r.__dict__)) for r in requests]
+    session.run_until_idle()
+    for r, h in zip(requests, handles):
+        torch.testing.assert_close(h.result, _reference(ace, r), **TOL)
+
+
+def test_unconditional_row_is_the_broadcast_null_condition(ace):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 11, 64, generator=gen)
+    ctx = torch.randn(2, 11, 128, generator=gen)
+    t = torch.tensor([0.9, 0.4])
+    got = ace(
+        x, t, torch.randn(2, 6, 32, generator=gen), torch.zeros(2, 6, dtype=torch.bool), None, ctx
+    )
+    null = ace.null_condition.reshape(1, 1, -1).expand(2, 6, -1)
+    want = ace.transformer(
+        hidden_states=x,
+        timestep=t,
+        timestep_r=t,
+        encoder_hidden_states=null,
+        context_latents=ctx,
+        return_dict=False,
+    )[0]
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, **TOL)
+
+
+def test_adapter_contract_and_errors(ace):
+    assert (ace.latent_channels, ace.context_channels, ace.cond_dim) == (64, 128, 32)
+    pub = ACE_STEP_PRESETS["published"]
+    assert (pub.hidden_size, pub.num_hidden_layers, pub.num_attention_heads) == (2048, 24, 16)
+    assert (pub.num_key_value_heads, pub.head_dim, pub.in_channels) == (8, 128, 192)
+    assert (pub.patch_size, pub.sliding_window) == (2, 128)
+    with pytest.raises(ValueError, match="preset"):
+        build_ace_step("huge")
+    with pytest.raises(TypeError, match="AceStepTransformer1DModel"):
+        AceStepAdapter(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="null_condition"):
+        AceStepAdapter(ace.transformer, torch.zeros(5))
+    session = StreamSession(ace, TorchEngine(ace, max_batch=2, max_frames=32), depth=1)
+    with pytest.raises(ValueError, match=r"context must have shape \(6, 128\)"):
+        session.submit(Request(frames=6, cond=torch.zeros(2, 32), context=torch.zeros(6, 64)))
+    with pytest.raises(ValueError, match=r"cond must have shape \(L, 32\)"):
+        session.submit(Request(frames=6, cond=torch.zeros(2, 64)))
+
+
+def test_cli_serve_and_demo_with_ace_step(monkeypatch, tmp_path, capsys):
+    """``stream-dit serve --model ace-step`` serves the diffusers model; the demo runs it too."""
+    pytest.importorskip("fastapi")
+    uvicorn = pytest.importorskip("uvicorn")
+    import numpy as np
+    from fastapi.testclient import TestClient
+
+    from stream_dit.cli import main
+
+    apps = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: apps.append(app))
+    argv = ["serve", "--model", "ace-step", "--device", "cpu", "--max-frames", "32"]
+    assert main([*argv, "--max-cond-len", "8", "--depth", "2"]) == 0
+    with TestClient(apps[0]) as client:
+        body = {"frames": 11, "cond_seed": 1, "cond_len": 3, "steps": 2, "cfg_type": "full"}
+        resp = client.post("/generate", json={**body, "guidance": 2.0})
+        assert resp.status_code == 200, resp.text
+        latent = np.load(io.BytesIO(resp.content))
+        assert latent.shape == (11, 64) and np.isfinite(latent).all()
+        assert client.post("/generate", json={**body, "frames": 40}).status_code == 400
+    assert (
+        main(["demo", "--model", "ace-step", "--output-dir", str(tmp_path), "--requests", "2"]) == 0
+    )
+    assert "ace-step: 2/2 requests" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- GPU: published size, engines
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+
+
+def _gpu_requests(n: int, cond_dim: int, *, cfg: bool) -> list[Request]:
+    gen = torch.Generator().manual_seed(11)
+    return [
+        Request(
+            frames=100 - 7 * (i % 3),  # odd and even T, padded frames in every batch
+            cond=torch.randn(12 + 5 * (i % 2), cond_dim, generator=gen),
+            context=torch.randn(100 - 7 * (i % 3), 128, generator=gen) if i % 2 else None,
+            seed=i,
+            steps=4,
+            shift=3.0,
+            **({"cfg_type": "full", "guidance": 3.0} if cfg else {}),
+        )
+        for i in range(n)
+    ]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [False, True], ids=["plain", "cfg"])
+def test_published_size_bf16_session_matches_diffusers_on_gpu(cfg):
+    """The published ACE-Step configuration in bf16: session at depth 1, 4, 8 vs the diffusers
+    model driven per request in bf16. bf16 results depend on the batch (GEMM tiling), so the bound
+    is relative to bf16's own error: at most 3x the distance of the bf16 reference from fp32."""
+    fp32 = build_ace_step("published", seed=0, device="cuda", dtype=torch.float32)
+    bf16 = build_ace_step("published", seed=0, device="cuda", dtype=torch.bfloat16)
+    bf16.load_state_dict(fp32.state_dict())  # same weights, rounded
+    requests = _gpu_requests(8, bf16.cond_dim, cfg=cfg)
+    prev = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        exact = [_reference(fp32, r) for r in requests]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = prev
+    del fp32
+    torch.cuda.empty_cache()
+    ref = [_reference(bf16, r) for r in requests]
+    floor = [_rel(a, b) for a, b in zip(ref, exact)]
+    for depth in (1, 4, 8):
+        engine = TorchEngine(bf16, max_batch=2 * depth, max_frames=128, max_cond_len=32)
+        session = StreamSession(bf16, engine, depth=depth, max_queue=len(requests))
+        handles = [session.submit(Request(**r.__dict__)) for r in requests]
+        session.run_until_idle()
+        for h, want, f in zip(handles, ref, floor):
+            assert h.result is not None and torch.isfinite(h.result).all()
+            assert _rel(h.result, want) <= 3 * f + 1e-3, (depth, _rel(h.result, want), f)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["compile", "graphs", "compile-graphs"])
+def test_engines_match_eager_on_gpu(mode):
+    """torch.compile, CUDA graphs and both together serve the ACE-Step model like eager does
+    (bf16, the small size; CFG at a ceiling of 8 rows for depth 4, padded frames)."""
+    model = build_ace_step("small", seed=0, device="cuda", dtype=torch.bfloat16)
+    requests = _gpu_requests(6, model.cond_dim, cfg=True)
+    out = {}
+    for m in ("eager", mode):
+        engine = TorchEngine(model, max_batch=8, max_frames=128, max_cond_len=32, mode=m)
+        session = StreamSession(model, engine, depth=4)
+        handles = [session.submit(Request(**r.__dict__)) for r in requests]
+        session.run_until_idle()
+        out[m] = [h.result for h in handles]
+    for got, want in zip(out[mode], out["eager"], strict=True):
+        assert torch.isfinite(got).all()
+        assert _rel(got, want) < 5e-2, _rel(got, want)
