@@ -4,7 +4,8 @@ autograd formula, so neither breaks the graph."""
 import pytest
 import torch
 
-from late_interaction_kernels import maxsim, maxsim_pairs, maxsim_varlen
+from late_interaction_kernels import maxsim, maxsim_pairs
+from late_interaction_kernels.ops.maxsim import maxsim_varlen
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from triton_dispatch.testing import assert_close, assert_gradients_match, rand_mask, randn
 

@@ -20,7 +20,7 @@ from late_interaction_kernels.ops.maxsim_residual.reference import (
     maxsim_residual_reference,
     pack_buckets,
 )
-from late_interaction_kernels.ops.retrieve import retrieve
+from late_interaction_kernels.ops.retrieve import MaxSimIndex
 from triton_dispatch.testing import assert_close
 
 pytestmark = pytest.mark.gpu
@@ -41,7 +41,7 @@ def test_retrieve_bf16():
     g = torch.Generator().manual_seed(1)
     q = torch.randn(4, 32, 128, generator=g).cuda().bfloat16()
     d = torch.randn(1000, 64, 128, generator=g).cuda().bfloat16()
-    scores, ids = retrieve(q, d, 10, chunk_size=300)
+    scores, ids = MaxSimIndex(d, chunk_size=300).topk(q, 10)
     full = maxsim_reference(q.double(), d.double())
     assert_close(scores, full.gather(1, ids), dtype=torch.bfloat16)
     assert_close(scores, full.topk(10, dim=1).values, dtype=torch.bfloat16)

@@ -4,8 +4,8 @@ values and gradients, every layout and backward method."""
 import pytest
 import torch
 
-from late_interaction_kernels import maxsim, maxsim_pairs, maxsim_varlen
-from late_interaction_kernels.ops.maxsim import backward, forward
+from late_interaction_kernels import maxsim, maxsim_pairs
+from late_interaction_kernels.ops.maxsim import backward, forward, maxsim_varlen
 from late_interaction_kernels.ops.maxsim.forward import maxsim_forward_triton
 from late_interaction_kernels.ops.maxsim.layout import ALL_PAIRS
 from late_interaction_kernels.ops.maxsim.reference import (

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from late_interaction_kernels import maxsim, maxsim_pairs, maxsim_varlen
-from late_interaction_kernels.ops.maxsim import resolve_backward
+from late_interaction_kernels import maxsim, maxsim_pairs
+from late_interaction_kernels.ops.maxsim import maxsim_varlen, resolve_backward
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from triton_dispatch.testing import assert_close, randn
 

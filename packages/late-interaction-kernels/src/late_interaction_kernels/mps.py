@@ -1,6 +1,7 @@
-"""``maxsim_mps``, the name colpali-engine and PyLate call on Apple-silicon tensors.
+"""``maxsim_mps`` / ``maxsim_inference_mps``, the names colpali-engine and PyLate call on
+Apple-silicon tensors.
 
-There is no Metal kernel in this package: the call runs :func:`late_interaction_kernels.maxsim`,
+There is no Metal kernel in this package: the calls run :func:`late_interaction_kernels.maxsim`,
 whose PyTorch path serves MPS tensors, with the callers' mask rule (see
 :mod:`late_interaction_kernels.autograd`).
 """
@@ -11,19 +12,30 @@ import torch
 
 from .autograd import maxsim
 
-__all__ = ["maxsim_mps"]
+__all__ = ["maxsim_inference_mps", "maxsim_mps"]
 
 
 def maxsim_mps(
-    query: torch.Tensor,
-    doc: torch.Tensor,
+    Q: torch.Tensor,
+    D: torch.Tensor,
     q_mask: torch.Tensor | None = None,
     d_mask: torch.Tensor | None = None,
     *,
-    normalize: bool = False,
+    normalize: bool = True,
 ) -> torch.Tensor:
-    """MaxSim of ``query (Nq, Lq, d)`` against ``doc (Nd, Ld, d)``; see ``autograd.maxsim``."""
-    if normalize:
-        query = torch.nn.functional.normalize(query, dim=-1)
-        doc = torch.nn.functional.normalize(doc, dim=-1)
-    return maxsim(query, doc, q_mask, d_mask)
+    """MaxSim of ``Q (Nq, Lq, d)`` against ``D (Nd, Ld, d)``, differentiable; see
+    ``autograd.maxsim``."""
+    return maxsim(Q, D, q_mask, d_mask, normalize=normalize)
+
+
+def maxsim_inference_mps(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    normalize: bool = True,
+) -> torch.Tensor:
+    """:func:`maxsim_mps` without an autograd graph."""
+    with torch.no_grad():
+        return maxsim(Q, D, q_mask, d_mask, normalize=normalize)

@@ -29,9 +29,11 @@ original einsum's, in which padding takes part with similarity 0.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.util
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -224,3 +226,24 @@ def unpatch_colpali_engine() -> None:
 
 def is_patched() -> bool:
     return _patches.active
+
+
+def original_attribute(owner: Any, attr: str) -> Any:
+    """``owner.attr`` as colpali-engine defines it (what the patch replaced, if it did)."""
+    for patched, name, old in _patches.records:
+        if patched is owner and name == attr:
+            return old
+    return owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
+
+
+@contextlib.contextmanager
+def routed() -> Iterator[None]:
+    """Run a block with the patch in place (applied for the block only when it was not)."""
+    if _patches.active:
+        yield
+        return
+    patch_colpali_engine()
+    try:
+        yield
+    finally:
+        unpatch_colpali_engine()

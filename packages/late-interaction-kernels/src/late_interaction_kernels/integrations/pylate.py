@@ -262,3 +262,22 @@ def unpatch_pylate() -> None:
 
 def is_patched() -> bool:
     return _patches.active
+
+
+def original_function(name: str):
+    """PyLate's own ``pylate.scores.colbert.<name>`` (the one :func:`patch_pylate` replaced)."""
+    colbert = importlib.import_module("pylate.scores.colbert")
+    for owner, attr, old in _patches.records:
+        if owner is colbert and attr == name:
+            return old
+    return getattr(colbert, name)
+
+
+def replacement(name: str):
+    """The routed twin of PyLate's ``name`` (whether or not the patch is in place)."""
+    makers = {
+        "colbert_scores": _make_colbert_scores,
+        "colbert_kd_scores": _make_colbert_kd_scores,
+        "colbert_scores_pairwise": _make_colbert_scores_pairwise,
+    }
+    return makers[name](original_function(name))

@@ -1,4 +1,4 @@
-"""Batched MaxSim scoring of queries against a large document collection, with top-k.
+"""A document collection held for repeated MaxSim scoring and top-k search (:class:`MaxSimIndex`).
 
 Documents are scored in chunks: only one ``(Nq, chunk)`` block of scores (and, for a list of
 uneven documents, one padded chunk) exists at a time, and a running top-k is merged after each
@@ -14,7 +14,7 @@ import torch
 
 from ..maxsim import maxsim
 
-__all__ = ["MaxSimScorer", "retrieve"]
+__all__ = ["MaxSimIndex"]
 
 #: Documents scored per chunk when none is given.
 DEFAULT_CHUNK_SIZE = 4096
@@ -39,7 +39,7 @@ def _describe(x) -> str:
     return f"a {type(x).__name__}"
 
 
-class MaxSimScorer:
+class MaxSimIndex:
     """A document collection held for repeated scoring and top-k search.
 
     Args:
@@ -50,8 +50,8 @@ class MaxSimScorer:
         normalize: L2-normalise every token before scoring.
 
     Example:
-        >>> scorer = MaxSimScorer(doc_embeddings, d_mask)
-        >>> scores, ids = scorer.topk(query_embeddings, k=10)
+        >>> index = MaxSimIndex(doc_embeddings, d_mask)
+        >>> scores, ids = index.topk(query_embeddings, k=10)
     """
 
     def __init__(
@@ -158,20 +158,3 @@ class MaxSimScorer:
             best_ids = ids.gather(1, where)
         return best_scores, best_ids
 
-
-def retrieve(
-    Q: torch.Tensor,
-    D: torch.Tensor | Sequence[torch.Tensor],
-    k: int,
-    q_mask: torch.Tensor | None = None,
-    d_mask: torch.Tensor | None = None,
-    *,
-    chunk_size: int | None = None,
-    normalize: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Brute-force top-``k`` late-interaction search of ``Q (Nq, Lq, d)`` in ``D``.
-
-    ``D`` is ``(Nd, Ld, d)`` (with ``d_mask``) or a list of ``(L_i, d)`` tensors. Returns
-    ``(scores float32 (Nq, k), indices int64 (Nq, k))``, best first. See :class:`MaxSimScorer`.
-    """
-    return MaxSimScorer(D, d_mask, chunk_size=chunk_size, normalize=normalize).topk(Q, k, q_mask)

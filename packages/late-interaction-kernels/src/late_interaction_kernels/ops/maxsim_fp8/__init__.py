@@ -1,0 +1,183 @@
+"""FP8 MaxSim inference: quantisation helpers and :func:`maxsim_inference_fp8`.
+
+On CUDA the Triton kernel of :mod:`.kernels` multiplies the stored 8-bit operands on the tensor
+cores (``tl.dot`` on float8, which needs compute capability 8.9 or newer: Ada, Hopper, Blackwell);
+an older GPU raises ``RuntimeError`` rather than silently running something slower. On CPU and
+other devices the scores are computed from the dequantised tokens in PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from triton_dispatch import common_device, device_facts, select_backend, uses_triton
+
+from ..maxsim import maxsim
+from ..maxsim.buffers import output_buffer
+from .reference import dequantize, quantize
+
+__all__ = [
+    "FP8_MIN_CAPABILITY",
+    "dequantize_fp8_per_tensor",
+    "dequantize_fp8_per_token",
+    "maxsim_inference_fp8",
+    "quantize_fp8_per_tensor",
+    "quantize_fp8_per_token",
+]
+
+#: Compute capability from which ``tl.dot`` takes float8 operands.
+FP8_MIN_CAPABILITY = (8, 9)
+_FP8 = tuple(
+    dt for dt in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)) if dt
+)
+
+
+def quantize_fp8_per_tensor(
+    X: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(X_fp8, scale)`` with one float32 scale (shape ``()``): ``X ≈ X_fp8.float() * scale``,
+    the largest ``|X|`` mapped to ``torch.finfo(dtype).max``."""
+    return quantize(X, dtype, per_token=False)
+
+
+def quantize_fp8_per_token(
+    X: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(X_fp8, scale)`` with one float32 scale per token (row of the last axis), shape
+    ``X.shape[:-1]``; ``X`` is 2-D or 3-D."""
+    if X.dim() not in (2, 3):
+        raise ValueError(f"X must be 2-D or 3-D, got shape {tuple(X.shape)}")
+    return quantize(X, dtype, per_token=True)
+
+
+def dequantize_fp8_per_tensor(X_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``X_fp8.float() * scale`` (float32)."""
+    return dequantize(X_fp8, scale, per_token=False)
+
+
+def dequantize_fp8_per_token(X_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``X_fp8.float() * scale[..., None]`` (float32)."""
+    return dequantize(X_fp8, scale, per_token=True)
+
+
+def _batch(x: torch.Tensor, scale: torch.Tensor, name: str):
+    if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
+        raise ValueError(f"{name} must be [N, L, d] or [L, d]")
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"scale_{name} must be a float32 tensor")
+    squeeze = x.dim() == 2
+    if squeeze:
+        x = x.unsqueeze(0)
+        scale = scale.unsqueeze(0) if scale.dim() >= 1 and scale.numel() > 1 else scale
+    if scale.numel() == 1 and scale.dim() < 2:
+        scale = scale.reshape(())
+    elif tuple(scale.shape) != tuple(x.shape[:2]):
+        raise ValueError(
+            f"scale_{name} must be a per-tensor scale (one element) or per-token "
+            f"{tuple(x.shape[:2])}, got shape {tuple(scale.shape)}"
+        )
+    return x, scale.to(device=x.device, dtype=torch.float32).contiguous(), squeeze
+
+
+def _mask(mask, shape, name):
+    if mask is None:
+        return None
+    if mask.dim() == len(shape) - 1:
+        mask = mask.unsqueeze(0)
+    if mask.dtype != torch.bool or tuple(mask.shape) != shape:
+        raise ValueError(f"{name} must be a bool tensor of shape {shape}")
+    return mask
+
+
+def maxsim_inference_fp8(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    *,
+    scale_Q: torch.Tensor,
+    scale_D: torch.Tensor,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """MaxSim scores of quantised queries and documents (inference only).
+
+    Args:
+        Q: ``(Nq, Lq, d)`` or ``(Lq, d)``, ``torch.float8_e4m3fn`` (or ``float8_e5m2``).
+        D: ``(Nd, Ld, d)`` or ``(Ld, d)`` in the same dtype.
+        scale_Q, scale_D: float32, one element (per tensor) or ``(N, L)`` (per token), as
+            returned by the ``quantize_fp8_*`` functions.
+        q_mask, d_mask: bool masks, True = valid token (rules of ``maxsim``).
+        backend: keyword-only addition: ``"triton"``, ``"interpret"`` or ``"torch"``. The
+            interpreter has no 8-bit floats: there the kernel takes fp16/fp32 stand-ins and
+            8-bit inputs are scored in PyTorch.
+
+    Returns:
+        float32 ``(Nq, Nd)``, squeezed for 2-D inputs.
+
+    Raises:
+        RuntimeError: CUDA tensors on a GPU below compute capability 8.9 (no float8 ``tl.dot``).
+    """
+    q_2d, d_2d = Q.dim() == 2, D.dim() == 2
+    Q, sq, _ = _batch(Q, scale_Q, "Q")
+    D, sd, _ = _batch(D, scale_D, "D")
+    if Q.shape[-1] != D.shape[-1]:
+        raise ValueError(f"Q and D must share the embedding dim; got {Q.shape[-1]} vs {D.shape[-1]}.")
+    if Q.dtype != D.dtype:
+        raise TypeError(f"Q and D must share one dtype, got {Q.dtype} and {D.dtype}")
+    q_mask = _mask(q_mask, tuple(Q.shape[:2]), "q_mask")
+    d_mask = _mask(d_mask, tuple(D.shape[:2]), "d_mask")
+    chosen = select_backend(device=common_device([Q, D]), backend=backend)
+    is_fp8 = Q.dtype in _FP8
+    if chosen == "triton" and not is_fp8:
+        raise TypeError(f"Q and D must be float8 tensors on CUDA, got {Q.dtype}")
+    if chosen == "triton":
+        found = device_facts(Q.device).capability
+        if found < FP8_MIN_CAPABILITY:
+            raise RuntimeError(
+                f"FP8 MaxSim needs a GPU of compute capability >= 8.9 (float8 tl.dot); "
+                f"{device_facts(Q.device).name} is {found[0]}.{found[1]}. Score the bf16 "
+                "embeddings with late_interaction_kernels.maxsim instead."
+            )
+    with torch.no_grad():
+        if uses_triton(chosen) and (chosen == "triton" or not is_fp8):
+            scores = _launch(Q, D, sq, sd, q_mask, d_mask)
+        else:
+            Qd = dequantize(Q, sq, per_token=sq.dim() > 0)
+            Dd = dequantize(D, sd, per_token=sd.dim() > 0)
+            scores = maxsim(Qd, Dd, q_mask, d_mask, backend="torch")
+    if q_2d:
+        scores = scores.squeeze(0)
+    if d_2d:
+        scores = scores.squeeze(-1)
+    return scores
+
+
+def _launch(Q, D, sq, sd, q_mask, d_mask) -> torch.Tensor:
+    from triton_dispatch import interpreter_enabled, padded_dim
+
+    from .kernels import fp8_maxsim_kernel
+
+    nq, lq, dim = Q.shape
+    nd, ld, _ = D.shape
+    out = output_buffer((nq, nd), dtype=torch.float32, device=Q.device)
+    if nq == 0 or nd == 0:
+        return out
+    if lq == 0 or ld == 0:
+        return out.zero_()
+    Qc, Dc = Q.contiguous(), D.contiguous()
+    qm = Qc if q_mask is None else q_mask.contiguous().view(torch.uint8)
+    dm = Dc if d_mask is None else d_mask.contiguous().view(torch.uint8)
+    interp = interpreter_enabled()
+    # fp8 dots need K >= 32 on the tensor cores
+    block_k = max(padded_dim(dim), 32)
+    block_q = 16 if interp else min(max(padded_dim(lq), 16), 128)
+    block_d = 16 if interp else 64
+    fp8_maxsim_kernel[(nq * nd,)](
+        Qc, Dc, sq, sd, qm, dm, out,
+        nd, lq, ld, dim,
+        Q_PER_TOKEN=sq.dim() > 0, D_PER_TOKEN=sd.dim() > 0, HAS_QM=q_mask is not None,
+        HAS_DM=d_mask is not None, IEEE=Q.dtype == torch.float32,
+        BLOCK_Q=block_q, BLOCK_D=block_d, BLOCK_K=block_k,
+        num_warps=4, num_stages=3,
+    )  # fmt: skip
+    return out

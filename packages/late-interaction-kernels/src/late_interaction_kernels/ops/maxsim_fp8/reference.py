@@ -1,0 +1,45 @@
+"""FP8 quantisation of token embeddings and the specification of FP8 MaxSim scoring.
+
+``X ≈ X_fp8.float() * scale`` with one float32 scale per tensor (``()``) or per token
+(``X.shape[:-1]``), chosen so that the largest magnitude maps to the format's largest finite
+value. Scores of quantised inputs are the MaxSim of the dequantised tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..maxsim.reference import maxsim_reference
+
+#: Smallest scale numerator: an all-zero tensor still gets a positive, finite scale.
+AMAX_FLOOR = 1e-6
+
+
+def _fmax(dtype: torch.dtype) -> float:
+    if not dtype.is_floating_point or torch.finfo(dtype).bits != 8:
+        raise TypeError(f"dtype must be an 8-bit float (torch.float8_e4m3fn / e5m2), got {dtype}")
+    return float(torch.finfo(dtype).max)
+
+
+def quantize(X: torch.Tensor, dtype: torch.dtype, per_token: bool):
+    fmax = _fmax(dtype)
+    if X.numel() == 0:
+        shape = X.shape[:-1] if per_token else ()
+        return X.to(dtype), torch.ones(shape, dtype=torch.float32, device=X.device)
+    Xf = X.detach().to(torch.float32)
+    amax = Xf.abs().amax(dim=-1) if per_token else Xf.abs().amax()
+    scale = amax.clamp_min(AMAX_FLOOR) / fmax
+    q = (Xf / (scale.unsqueeze(-1) if per_token else scale)).clamp(-fmax, fmax).to(dtype)
+    return q.contiguous(), scale
+
+
+def dequantize(X_fp8: torch.Tensor, scale: torch.Tensor, per_token: bool) -> torch.Tensor:
+    return X_fp8.to(torch.float32) * (scale.unsqueeze(-1) if per_token else scale)
+
+
+def maxsim_fp8_reference(Q, D, scale_Q, scale_D, q_mask=None, d_mask=None) -> torch.Tensor:
+    """``(Nq, Nd)`` MaxSim of the dequantised ``Q (Nq, Lq, d)`` and ``D (Nd, Ld, d)``; a scale is
+    ``()`` (per tensor) or ``(N, L)`` (per token). Computed in float64."""
+    Qd = Q.to(torch.float64) * (scale_Q.double()[..., None] if scale_Q.dim() else scale_Q.double())
+    Dd = D.to(torch.float64) * (scale_D.double()[..., None] if scale_D.dim() else scale_D.double())
+    return maxsim_reference(Qd, Dd, q_mask, d_mask)

@@ -1,0 +1,198 @@
+"""PLAID / ColBERTv2 scoring on the index layout of :mod:`.reference` (padded or ragged), on
+top of the fused residual kernel of :mod:`..maxsim_residual`.
+
+With ``normalize=True`` (the PLAID convention) the fused kernel decompresses and scores each
+document tile in registers; the layout differs from the kernel's only in the bit order within a
+byte, which one table lookup over the packed bytes converts (the collection is never
+decompressed). ``normalize=False`` decompresses a chunk of documents at a time and scores it with
+:func:`maxsim`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..maxsim import maxsim
+from ..maxsim_residual import maxsim_residual as _fused_residual
+from ..varlen.layout import check_offsets, loop_bound, pad
+from .reference import decompress_padded, length_mask
+
+__all__ = ["maxsim_residual", "maxsim_residual_varlen", "plaid_approx_score"]
+
+#: Documents decompressed at a time on the ``normalize=False`` path.
+CHUNK_DOCS = 1024
+
+_BIT_REVERSED = torch.tensor([int(f"{i:08b}"[::-1], 2) for i in range(256)], dtype=torch.uint8)
+
+
+def _check_common(Q, residuals, centroids, bucket_weights, nbits) -> tuple[torch.Tensor, bool]:
+    if isinstance(nbits, bool) or nbits not in (2, 4, 8):
+        raise ValueError(f"nbits must be 2, 4, or 8; got {nbits!r}")
+    if not isinstance(Q, torch.Tensor) or Q.dim() not in (2, 3) or not Q.is_floating_point():
+        raise ValueError("Q must be a floating [Nq, Lq, d] or [Lq, d] tensor")
+    squeeze = Q.dim() == 2
+    Q = Q.unsqueeze(0) if squeeze else Q
+    d = Q.shape[-1]
+    if (d * nbits) % 8:
+        raise ValueError(f"d * nbits must be a multiple of 8, got d={d}, nbits={nbits}")
+    if residuals.shape[-1] != d * nbits // 8:
+        raise ValueError(
+            f"residuals last dim {residuals.shape[-1]} != expected {d * nbits // 8} "
+            f"for d={d}, nbits={nbits}"
+        )
+    if not isinstance(centroids, torch.Tensor) or centroids.dim() != 2 or centroids.shape[1] != d:
+        raise ValueError(f"centroids must be [n_centroids, d={d}]")
+    if not isinstance(bucket_weights, torch.Tensor) or bucket_weights.shape != (1 << nbits,):
+        raise ValueError(f"bucket_weights must be [2**nbits={1 << nbits}]")
+    return Q, squeeze
+
+
+def _fused(Q, codes_flat, residuals_flat, lengths, centroids, bucket_weights, nbits, q_mask,
+           backend):  # fmt: skip
+    packed = _BIT_REVERSED.to(residuals_flat.device)[residuals_flat.to(torch.uint8).long()]
+    return _fused_residual(
+        F.normalize(Q, dim=-1), centroids, codes_flat, packed, bucket_weights.float(), lengths,
+        nbits=nbits, q_mask=q_mask, backend=backend,
+    )  # fmt: skip
+
+
+def _unnormalized(Q, codes, residuals, lengths, centroids, bucket_weights, nbits, q_mask,
+                  backend):  # fmt: skip
+    blocks = []
+    for start in range(0, codes.shape[0], CHUNK_DOCS):
+        sl = slice(start, start + CHUNK_DOCS)
+        emb = decompress_padded(codes[sl], residuals[sl], centroids, bucket_weights, nbits,
+                                Q.shape[-1]).to(Q.dtype)  # fmt: skip
+        mask = length_mask(lengths[sl], codes.shape[1])
+        blocks.append(maxsim(Q, emb, q_mask, mask, backend=backend))
+    if not blocks:
+        return Q.new_zeros(Q.shape[0], 0, dtype=torch.float32)
+    return torch.cat(blocks, dim=1)
+
+
+def maxsim_residual(
+    Q: torch.Tensor,
+    codes: torch.Tensor,
+    residuals: torch.Tensor,
+    doc_lengths: torch.Tensor,
+    centroids: torch.Tensor,
+    bucket_weights: torch.Tensor,
+    nbits: int,
+    *,
+    normalize: bool = True,
+    q_mask: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """MaxSim of ``Q`` against a padded PLAID index, decompressed in registers.
+
+    Args:
+        Q: ``(Nq, Lq, d)`` or ``(Lq, d)`` queries.
+        codes: ``(Nd, max_Ld)`` integer centroid ids.
+        residuals: ``(Nd, max_Ld, d * nbits / 8)`` uint8 packed bucket indices.
+        doc_lengths: ``(Nd,)`` valid tokens per document.
+        centroids: ``(n_centroids, d)``; bucket_weights: ``(2 ** nbits,)``.
+        nbits: 2, 4 or 8.
+        normalize: L2-normalise the queries and the decompressed tokens.
+        q_mask: bool ``(Nq, Lq)`` (an addition): masked query tokens add 0.
+        backend: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
+
+    Returns:
+        float32 ``(Nq, Nd)`` (``(Nd,)`` for a 2-D ``Q``), differentiable in ``Q``. An empty
+        document scores 0 and raises ``ValueError`` when ``Q`` requires grad.
+    """
+    Q, squeeze = _check_common(Q, residuals, centroids, bucket_weights, nbits)
+    if codes.dim() != 2:
+        raise ValueError("codes must be [Nd, max_Ld]")
+    if residuals.dim() != 3 or residuals.shape[:2] != codes.shape:
+        raise ValueError("residuals must be [Nd, max_Ld, packed_dim] matching codes")
+    if doc_lengths.dim() != 1 or doc_lengths.shape[0] != codes.shape[0]:
+        raise ValueError("doc_lengths must be [Nd] with Nd matching codes")
+    lengths = doc_lengths.to(device=codes.device, dtype=torch.int64)
+    if lengths.numel() and int(lengths.max()) > codes.shape[1]:
+        raise ValueError(f"doc_lengths must not exceed max_Ld={codes.shape[1]}")
+    if normalize:
+        mask = length_mask(lengths, codes.shape[1])
+        out = _fused(Q, codes[mask], residuals[mask], lengths, centroids, bucket_weights, nbits,
+                     q_mask, backend)  # fmt: skip
+    else:
+        out = _unnormalized(Q, codes, residuals, lengths, centroids, bucket_weights, nbits,
+                            q_mask, backend)  # fmt: skip
+    return out.squeeze(0) if squeeze else out
+
+
+def maxsim_residual_varlen(
+    Q: torch.Tensor,
+    codes_flat: torch.Tensor,
+    residuals_flat: torch.Tensor,
+    cu_seqlens_d: torch.Tensor,
+    centroids: torch.Tensor,
+    bucket_weights: torch.Tensor,
+    nbits: int,
+    *,
+    max_seqlen_d: int | None = None,
+    normalize: bool = True,
+    q_mask: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """:func:`maxsim_residual` on the ragged on-disk layout: ``codes_flat (total,)``,
+    ``residuals_flat (total, d * nbits / 8)``, documents delimited by ``cu_seqlens_d (Nd + 1,)``.
+
+    ``max_seqlen_d`` is the longest document (read from the offsets when omitted; a smaller
+    value raises ``ValueError``). Returns float32 ``(Nq, Nd)`` (``(Nd,)`` for a 2-D ``Q``).
+    """
+    Q, squeeze = _check_common(Q, residuals_flat, centroids, bucket_weights, nbits)
+    if codes_flat.dim() != 1:
+        raise ValueError("codes_flat must be 1-D [total_d_tokens]")
+    if residuals_flat.dim() != 2 or residuals_flat.shape[0] != codes_flat.shape[0]:
+        raise ValueError("residuals_flat must be 2-D [total_d_tokens, packed_dim]")
+    if not isinstance(cu_seqlens_d, torch.Tensor) or cu_seqlens_d.dim() != 1:
+        raise ValueError("cu_seqlens_d must be 1-D [Nd + 1]")
+    lengths = check_offsets("cu_seqlens_d", cu_seqlens_d, codes_flat.shape[0])
+    width = loop_bound("max_seqlen_d", max_seqlen_d, lengths)
+    lo, hi = int(cu_seqlens_d[0]), int(cu_seqlens_d[-1])
+    if normalize:
+        out = _fused(Q, codes_flat[lo:hi], residuals_flat[lo:hi], lengths, centroids,
+                     bucket_weights, nbits, q_mask, backend)  # fmt: skip
+    else:
+        codes, _ = pad(codes_flat[:, None], cu_seqlens_d, lengths, width)
+        residuals, _ = pad(residuals_flat, cu_seqlens_d, lengths, width)
+        out = _unnormalized(Q, codes[..., 0], residuals, lengths, centroids, bucket_weights,
+                            nbits, q_mask, backend)  # fmt: skip
+    return out.squeeze(0) if squeeze else out
+
+
+def plaid_approx_score(
+    query_centroid_scores: torch.Tensor, codes: torch.Tensor, doc_lengths: torch.Tensor
+) -> torch.Tensor:
+    """ColBERTv2's candidate-pruning score, ``(B,)`` float32: per query token the best
+    ``query_centroid_scores[code]`` among a document's first ``doc_lengths[b]`` codes, summed.
+
+    ``query_centroid_scores``: ``(n_centroids, Lq)`` (``centroids @ Q.T``); ``codes``:
+    ``(B, max_Ld)``; ``doc_lengths``: ``(B,)``. Codes outside ``[0, n_centroids)`` read
+    centroid 0. Documents are gathered in chunks, so memory stays bounded.
+    """
+    if not isinstance(query_centroid_scores, torch.Tensor) or query_centroid_scores.dim() != 2:
+        raise ValueError("query_centroid_scores must be [n_centroids, Lq]")
+    if not isinstance(codes, torch.Tensor) or codes.dim() != 2:
+        raise ValueError("codes must be [B, max_Ld]")
+    if (
+        not isinstance(doc_lengths, torch.Tensor)
+        or doc_lengths.dim() != 1
+        or doc_lengths.shape[0] != codes.shape[0]
+    ):
+        raise ValueError("doc_lengths must be [B] with B matching codes")
+    qcs = query_centroid_scores.float()
+    n_centroids, lq = qcs.shape
+    codes = codes.long()
+    codes = torch.where((codes >= 0) & (codes < n_centroids), codes, torch.zeros_like(codes))
+    lengths = doc_lengths.to(codes.device)
+    out = []
+    step = max(1, (1 << 24) // max(codes.shape[1] * lq, 1))
+    for start in range(0, codes.shape[0], step):
+        sl = slice(start, start + step)
+        gathered = qcs[codes[sl]]  # (b, max_Ld, Lq)
+        mask = length_mask(lengths[sl], codes.shape[1])
+        m = gathered.masked_fill(~mask[..., None], float("-inf")).amax(dim=1)
+        out.append(torch.where(torch.isfinite(m), m, torch.zeros_like(m)).sum(dim=-1))
+    return torch.cat(out) if out else qcs.new_zeros(0)

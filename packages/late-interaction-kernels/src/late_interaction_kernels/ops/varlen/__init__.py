@@ -1,0 +1,116 @@
+"""Packed (``cu_seqlens``) scoring: every query against every document, and arbitrary pair lists.
+
+Both run on :func:`late_interaction_kernels.maxsim` / :func:`maxsim_pairs` (the fused kernels on
+CUDA, forward and backward): the packed tokens are laid out as padded blocks with masks (plain
+indexing, differentiable), so a padded copy of the inputs exists during the call; the
+``(Nq, Nd, Lq, Ld)`` similarity tensor never does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..maxsim import maxsim, maxsim_pairs
+from .layout import check_offsets, loop_bound, pad
+
+__all__ = ["maxsim_varlen", "score_pairs_packed"]
+
+
+def _check_packed(Q_packed, D_packed) -> None:
+    for name, x in (("Q_packed", Q_packed), ("D_packed", D_packed)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 2:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be 2-D [sum(L), d]; got {got}")
+    if Q_packed.shape[1] != D_packed.shape[1]:
+        raise ValueError(
+            "Q_packed and D_packed must share the embedding dim; got "
+            f"{Q_packed.shape[1]} and {D_packed.shape[1]}"
+        )
+
+
+def _padded(name, packed, cu, max_seqlen):
+    lengths = check_offsets(f"cu_seqlens_{name}", cu, packed.shape[0])
+    width = loop_bound(f"max_seqlen_{name}", max_seqlen, lengths)
+    return pad(packed, cu, lengths, width)
+
+
+def maxsim_varlen(
+    Q_packed: torch.Tensor,
+    D_packed: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_d: torch.Tensor,
+    max_seqlen_q: int | None = None,
+    max_seqlen_d: int | None = None,
+    *,
+    normalize: bool = False,
+    backward: str | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """MaxSim of every packed query against every packed document, ``(Nq, Nd)`` float32.
+
+    Args:
+        Q_packed: ``(sum(Lq_i), d)`` query tokens, concatenated.
+        D_packed: ``(sum(Ld_j), d)`` document tokens, concatenated.
+        cu_seqlens_q: ``(Nq + 1,)`` int32/int64 offsets into ``Q_packed``.
+        cu_seqlens_d: ``(Nd + 1,)`` offsets into ``D_packed`` (``Nd`` independent of ``Nq``).
+        max_seqlen_q, max_seqlen_d: the longest query / document; read from the offsets when
+            omitted. A value below the real maximum raises ``ValueError``.
+        normalize, backward, backend: as in :func:`late_interaction_kernels.maxsim`.
+
+    Returns:
+        float32 ``(Nq, Nd)``, differentiable in both packed tensors; an empty query or document
+        scores 0.
+    """
+    _check_packed(Q_packed, D_packed)
+    Q, q_mask = _padded("q", Q_packed, cu_seqlens_q, max_seqlen_q)
+    D, d_mask = _padded("d", D_packed, cu_seqlens_d, max_seqlen_d)
+    return maxsim(
+        Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
+    )
+
+
+def score_pairs_packed(
+    Q_packed: torch.Tensor,
+    D_packed: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_d: torch.Tensor,
+    pair_q_idx: torch.Tensor,
+    pair_d_idx: torch.Tensor,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_d: int | None = None,
+    normalize: bool = False,
+    backward: str | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """MaxSim of listed ``(query, document)`` pairs from packed batches, ``(num_pairs,)`` float32.
+
+    ``scores[k]`` scores query ``pair_q_idx[k]`` against document ``pair_d_idx[k]``; the
+    ``(Nq, Nd)`` matrix is never formed. Other arguments as in :func:`maxsim_varlen`.
+    Differentiable in both packed tensors.
+    """
+    _check_packed(Q_packed, D_packed)
+    for name, idx in (("pair_q_idx", pair_q_idx), ("pair_d_idx", pair_d_idx)):
+        if not isinstance(idx, torch.Tensor) or idx.dim() != 1 or idx.is_floating_point():
+            raise ValueError(f"{name} must be a 1-D integer tensor")
+    if pair_q_idx.shape != pair_d_idx.shape:
+        raise ValueError(
+            "pair_q_idx / pair_d_idx must be matching 1-D tensors; got "
+            f"{tuple(pair_q_idx.shape)} and {tuple(pair_d_idx.shape)}"
+        )
+    Q, q_mask = _padded("q", Q_packed, cu_seqlens_q, max_seqlen_q)
+    D, d_mask = _padded("d", D_packed, cu_seqlens_d, max_seqlen_d)
+    if pair_q_idx.numel():
+        lo, hi, dlo, dhi = torch.stack(
+            [pair_q_idx.min(), pair_q_idx.max(), pair_d_idx.min(), pair_d_idx.max()]
+        ).tolist()
+        if lo < 0 or hi >= Q.shape[0] or dlo < 0 or dhi >= D.shape[0]:
+            raise ValueError(
+                f"pair indices out of range: queries in [0, {Q.shape[0]}), "
+                f"documents in [0, {D.shape[0]})"
+            )
+    qi, di = pair_q_idx.long().to(Q.device), pair_d_idx.long().to(Q.device)
+    return maxsim_pairs(
+        Q[qi], D[di], q_mask[qi], d_mask[di],
+        normalize=normalize, backward=backward, backend=backend,
+    )  # fmt: skip

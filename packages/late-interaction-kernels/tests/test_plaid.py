@@ -1,0 +1,75 @@
+"""PLAID scoring on the 0.4.5 index layout against its float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from late_interaction_kernels.plaid import (
+    maxsim_residual,
+    maxsim_residual_reference,
+    maxsim_residual_varlen,
+    plaid_approx_score,
+    plaid_approx_score_reference,
+)
+from triton_dispatch.testing import assert_close, assert_gradients_match
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+
+def _index(rng, nbits, nd=4, max_ld=6, dim=16, n_centroids=7):
+    codes = torch.randint(0, n_centroids, (nd, max_ld), generator=rng)
+    residuals = torch.randint(0, 256, (nd, max_ld, dim * nbits // 8), generator=rng).to(torch.uint8)
+    lengths = torch.randint(1, max_ld + 1, (nd,), generator=rng)
+    centroids = torch.randn(n_centroids, dim, generator=rng)
+    weights = torch.randn(1 << nbits, generator=rng) * 0.1
+    return codes, residuals, lengths, centroids, weights
+
+
+@pytest.mark.parametrize("nbits", [2, 4, 8])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_padded_scores_and_query_gradient(nbits, normalize, rng):
+    codes, residuals, lengths, centroids, weights = _index(rng, nbits)
+    Q = torch.randn(2, 3, 16, generator=rng, requires_grad=True)
+    assert_gradients_match(
+        lambda q: maxsim_residual(q, codes, residuals, lengths, centroids, weights, nbits,
+                                  normalize=normalize),
+        lambda q: maxsim_residual_reference(q, codes, residuals, lengths, centroids, weights,
+                                            nbits, normalize=normalize),
+        [Q], generator=rng, names=["Q"],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_ragged_layout_matches_padded(normalize, rng):
+    codes, residuals, lengths, centroids, weights = _index(rng, 4)
+    lengths[2] = 0
+    mask = torch.arange(codes.shape[1]) < lengths[:, None]
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
+    Q = torch.randn(3, 16, generator=rng)  # one 2-D query
+    got = maxsim_residual_varlen(Q, codes[mask], residuals[mask], cu, centroids, weights, 4,
+                                 normalize=normalize)  # fmt: skip
+    want = maxsim_residual_reference(Q.double(), codes, residuals, lengths, centroids, weights, 4,
+                                     normalize=normalize)  # fmt: skip
+    assert got.shape == (4,)
+    assert_close(got, want)
+    with pytest.raises(ValueError, match="max_seqlen_d"):
+        maxsim_residual_varlen(Q, codes[mask], residuals[mask], cu, centroids, weights, 4,
+                               max_seqlen_d=1)  # fmt: skip
+
+
+def test_approx_score(rng):
+    codes, _, lengths, _, _ = _index(rng, 2, nd=5)
+    lengths[0] = 0
+    qcs = torch.randn(7, 3, generator=rng)
+    assert_close(plaid_approx_score(qcs, codes, lengths),
+                 plaid_approx_score_reference(qcs.double(), codes, lengths))  # fmt: skip
+
+
+def test_bad_inputs(rng):
+    codes, residuals, lengths, centroids, weights = _index(rng, 2)
+    Q = torch.randn(1, 3, 16, generator=rng)
+    with pytest.raises(ValueError, match="nbits must be 2, 4, or 8"):
+        maxsim_residual(Q, codes, residuals, lengths, centroids, weights, 1)
+    with pytest.raises(ValueError, match="residuals last dim"):
+        maxsim_residual(Q, codes, residuals[..., :2], lengths, centroids, weights, 2)

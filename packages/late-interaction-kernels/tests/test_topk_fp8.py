@@ -1,0 +1,181 @@
+"""The fused top-k kernel and the FP8 kernel against their float64 references.
+
+On CPU both kernels run in the Triton interpreter. It has no 8-bit floats, so there the FP8 kernel
+runs fp16/fp32 stand-in operands: that checks its tiling, masks and scale handling, not the float8
+``tl.dot`` itself, which the sm_90 compile test builds and the ``gpu`` tests run.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from late_interaction_kernels.fp8 import (
+    dequantize_fp8_per_tensor,
+    dequantize_fp8_per_token,
+    maxsim_inference_fp8,
+    quantize_fp8_per_tensor,
+    quantize_fp8_per_token,
+)
+from late_interaction_kernels.ops.maxsim_fp8.reference import maxsim_fp8_reference
+from late_interaction_kernels.ops.maxsim_topk.reference import maxsim_topk_reference
+from late_interaction_kernels.topk import maxsim_topk
+from triton_dispatch.testing import assert_close
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+
+
+def _collection(rng, nq, nd, lq, ld, dim, dtype=torch.float32, device="cpu"):
+    Q = torch.randn(nq, lq, dim, generator=rng).to(device, dtype)
+    D = torch.randn(nd, ld, dim, generator=rng).to(device, dtype)
+    q_mask = (torch.rand(nq, lq, generator=rng) > 0.3).to(device)
+    d_mask = (torch.rand(nd, ld, generator=rng) > 0.3).to(device)
+    d_mask[1] = False  # a fully masked document scores 0
+    return Q, D, q_mask, d_mask
+
+
+def _check_topk(got, Q, D, k, q_mask, d_mask, normalize, largest, dtype=torch.float32):
+    scores, idx = got
+    want, _ = maxsim_topk_reference(
+        Q.double().cpu(), D.double().cpu(), k, None if q_mask is None else q_mask.cpu(),
+        None if d_mask is None else d_mask.cpu(), normalize=normalize, largest=largest,
+    )  # fmt: skip
+    assert idx.dtype == torch.int64 and scores.dtype == torch.float32
+    assert_close(scores.cpu(), want, dtype=dtype, name="top-k scores")
+    # ties may come in any order: the indices must be distinct and score what was returned
+    full = maxsim_topk_reference(Q.double().cpu(), D.double().cpu(), D.shape[0],
+                                 None if q_mask is None else q_mask.cpu(),
+                                 None if d_mask is None else d_mask.cpu(),
+                                 normalize=normalize)  # fmt: skip
+    by_doc = torch.empty_like(full[0]).scatter_(1, full[1], full[0])
+    assert_close(scores.cpu(), by_doc.gather(1, idx.cpu()), dtype=dtype, name="scores of indices")
+    for row in idx:
+        assert row.unique().numel() == row.numel()
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("masks", [False, True])
+def test_fused_topk_matches_reference(largest, normalize, masks, rng):
+    Q, D, q_mask, d_mask = _collection(rng, 2, 13, 5, 19, 24)
+    if not masks:
+        q_mask = d_mask = None
+    got = maxsim_topk(Q, D, 4, q_mask, d_mask, normalize=normalize, largest=largest)
+    _check_topk(got, Q, D, 4, q_mask, d_mask, normalize, largest)
+
+
+def test_topk_ties_and_k_above_nd(rng):
+    Q, D, _, _ = _collection(rng, 1, 5, 3, 4, 16)
+    D[2] = D[0]  # equal scores
+    D[4] = D[0]
+    scores, idx = maxsim_topk(Q, D, 9)
+    assert scores.shape == (1, 5)
+    _check_topk((scores, idx), Q, D, 5, None, None, False, True)
+
+
+@pytest.mark.parametrize("backend", ["torch", None])
+def test_topk_chunked_path_and_2d_query(backend, rng):
+    Q, D, q_mask, d_mask = _collection(rng, 1, 9, 3, 6, 16)
+    scores, idx = maxsim_topk(Q[0], D, 3, q_mask[0], d_mask, chunk_size=2, backend=backend)
+    assert scores.shape == idx.shape == (3,)
+    _check_topk((scores[None], idx[None]), Q, D, 3, q_mask, d_mask, False, True)
+
+
+def test_long_queries_take_the_chunked_path(rng):
+    Q, D, _, _ = _collection(rng, 1, 4, 130, 3, 16)
+    _check_topk(maxsim_topk(Q, D, 2), Q, D, 2, None, None, False, True)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_quantize_roundtrip(per_token, rng):
+    X = torch.randn(3, 5, 16, generator=rng)
+    quantize = quantize_fp8_per_token if per_token else quantize_fp8_per_tensor
+    dequantize = dequantize_fp8_per_token if per_token else dequantize_fp8_per_tensor
+    Xq, scale = quantize(X)
+    assert Xq.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32
+    assert scale.shape == ((3, 5) if per_token else ())
+    back = dequantize(Xq, scale)
+    assert (back - X).abs().max() <= 0.07 * X.abs().max()  # e4m3: 3 mantissa bits
+    with pytest.raises(TypeError, match="8-bit float"):
+        quantize(X, torch.float16)
+
+
+@pytest.mark.parametrize("scales", ["tensor", "token", "mixed"])
+def test_fp8_scores_from_dequantised_values(scales, rng):
+    Q, D, q_mask, d_mask = _collection(rng, 2, 3, 4, 5, 16)
+    Qq, sq = (quantize_fp8_per_token if scales != "tensor" else quantize_fp8_per_tensor)(Q)
+    Dq, sd = (quantize_fp8_per_token if scales == "token" else quantize_fp8_per_tensor)(D)
+    got = maxsim_inference_fp8(Qq, Dq, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask)
+    want = maxsim_fp8_reference(Qq, Dq, sq, sd, q_mask, d_mask)
+    assert_close(got, want, name="fp8 scores")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("scales", ["tensor", "token", "mixed"])
+def test_fp8_kernel_on_stand_in_operands(dtype, scales, rng):
+    Q, D, q_mask, d_mask = _collection(rng, 2, 3, 20, 21, 40, dtype=dtype)
+    sq = torch.rand(2, 20, generator=rng) + 0.5 if scales != "tensor" else torch.tensor(0.7)
+    sd = torch.rand(3, 21, generator=rng) + 0.5 if scales == "token" else torch.tensor(1.3)
+    got = maxsim_inference_fp8(
+        Q, D, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask, backend="interpret"
+    )
+    assert_close(got, maxsim_fp8_reference(Q, D, sq, sd, q_mask, d_mask), dtype=dtype)
+
+
+def test_fp8_bad_inputs(rng):
+    Q = torch.randn(2, 3, 8, generator=rng).to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="scale_Q must be"):
+        maxsim_inference_fp8(Q, Q, scale_Q=torch.ones(3), scale_D=torch.tensor(1.0))
+    with pytest.raises(ValueError, match="embedding dim"):
+        maxsim_inference_fp8(Q, Q[..., :4], scale_Q=torch.tensor(1.0), scale_D=torch.tensor(1.0))
+
+
+def test_kernels_compile_for_sm90(compile_on_hopper):
+    compile_on_hopper(
+        """
+import sys
+sys.path.insert(0, {tests!r})
+from compile_for_hopper import compile_one
+from late_interaction_kernels.ops.maxsim_topk.kernels import topk_kernel
+from late_interaction_kernels.ops.maxsim_fp8.kernels import fp8_maxsim_kernel
+topk = {{"Q": "*bf16", "D": "*bf16", "QM": "*u8", "DM": "*u8", "OUT_KEY": "*fp32",
+        "OUT_IDX": "*i64", "lq": "i32", "ld": "i32", "dim": "i32", "nd": "i32",
+        "docs_per_prog": "i32"}}
+for norm, largest in ((True, True), (False, False)):
+    compile_one(topk_kernel, topk, dict(HAS_QM=True, HAS_DM=True, NORMALIZE=norm,
+                LARGEST=largest, UPCAST=False, IEEE=False, NORM_EPS=1e-12, BLOCK_Q=32,
+                BLOCK_D=64, BLOCK_K=128, K_PAD=128))
+fp8 = {{"Q": "*fp8e4nv", "D": "*fp8e4nv", "SQ": "*fp32", "SD": "*fp32", "QM": "*u8",
+       "DM": "*u8", "OUT": "*fp32", "nd": "i32", "lq": "i32", "ld": "i32", "dim": "i32"}}
+for per_token in (True, False):
+    compile_one(fp8_maxsim_kernel, fp8, dict(Q_PER_TOKEN=per_token, D_PER_TOKEN=per_token,
+                HAS_QM=per_token, HAS_DM=per_token, IEEE=False, BLOCK_Q=128, BLOCK_D=64,
+                BLOCK_K=128))
+"""
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("nq", "nd", "lq", "ld", "k"), [(1, 5000, 32, 300, 100), (3, 700, 20, 77, 10)])
+def test_topk_gpu_bf16(nq, nd, lq, ld, k, rng):
+    Q, D, q_mask, d_mask = _collection(rng, nq, nd, lq, ld, 128, torch.bfloat16, "cuda")
+    got = maxsim_topk(Q, D, k, q_mask, d_mask, normalize=True)
+    _check_topk(got, Q, D, k, q_mask, d_mask, True, True, dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scales", ["tensor", "token"])
+def test_fp8_gpu(scales, rng):
+    if torch.cuda.get_device_capability() < (8, 9):
+        with pytest.raises(RuntimeError, match="compute capability"):
+            x = torch.zeros(1, 2, 32, device="cuda", dtype=torch.float8_e4m3fn)
+            maxsim_inference_fp8(x, x, scale_Q=torch.tensor(1.0), scale_D=torch.tensor(1.0))
+        return
+    Q, D, q_mask, d_mask = _collection(rng, 2, 300, 32, 100, 128, device="cuda")
+    Q, D = F.normalize(Q, dim=-1), F.normalize(D, dim=-1)
+    quantize = quantize_fp8_per_token if scales == "token" else quantize_fp8_per_tensor
+    (Qq, sq), (Dq, sd) = quantize(Q), quantize(D)
+    got = maxsim_inference_fp8(Qq, Dq, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask)
+    want = maxsim_fp8_reference(Qq.cpu(), Dq.cpu(), sq.cpu(), sd.cpu(), q_mask.cpu(), d_mask.cpu())
+    assert_close(got.cpu(), want, tol=1e-4, name="fp8 kernel vs dequantised float64")
