@@ -21,6 +21,8 @@ def _check_packed(Q_packed, D_packed) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != 2:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{name} must be 2-D [sum(L), d]; got {got}")
+        if not x.is_floating_point():
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
     if Q_packed.shape[1] != D_packed.shape[1]:
         raise ValueError(
             "Q_packed and D_packed must share the embedding dim; got "
