@@ -54,6 +54,10 @@ def _copy(tmp_path: Path) -> Path:
 
 def test_bump_needs_release_notes(tmp_path):
     folder = _copy(tmp_path)
+    changelog = folder / "CHANGELOG.md"
+    text = changelog.read_text()
+    start = text.index("## [Unreleased]\n") + len("## [Unreleased]\n")
+    changelog.write_text(text[:start] + "\n" + text[text.index("## [", start) :])
     with pytest.raises(ReleaseError, match="Unreleased"):
         bump(folder, "patch")
 
