@@ -4,14 +4,14 @@ import pytest
 import torch
 
 from late_interaction_kernels import maxsim, maxsim_pairs, maxsim_varlen_pairs, retrieve
-from late_interaction_kernels.ops.maxsim_from_hidden import maxsim_from_hidden
-from late_interaction_kernels.ops.maxsim_residual import maxsim_residual
 from late_interaction_kernels.ops.maxsim.reference import (
     maxsim_pairs_reference,
     maxsim_reference,
     maxsim_varlen_reference,
 )
+from late_interaction_kernels.ops.maxsim_from_hidden import maxsim_from_hidden
 from late_interaction_kernels.ops.maxsim_from_hidden.reference import maxsim_from_hidden_reference
+from late_interaction_kernels.ops.maxsim_residual import maxsim_residual
 from late_interaction_kernels.ops.maxsim_residual.reference import (
     maxsim_residual_reference,
     pack_buckets,
