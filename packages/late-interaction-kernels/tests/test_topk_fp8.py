@@ -21,6 +21,7 @@ from late_interaction_kernels.fp8 import (
 from late_interaction_kernels.ops.maxsim_fp8.reference import maxsim_fp8_reference
 from late_interaction_kernels.ops.maxsim_topk.reference import maxsim_topk_reference
 from late_interaction_kernels.topk import maxsim_topk
+from triton_dispatch.backend import interpreter_enabled
 from triton_dispatch.testing import assert_close
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
@@ -111,6 +112,9 @@ def test_fp8_scores_from_dequantised_values(scales, rng):
     assert_close(got, want, name="fp8 scores")
 
 
+@pytest.mark.skipif(
+    not interpreter_enabled(), reason="stand-in operands run only in the interpreter"
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("scales", ["tensor", "token", "mixed"])
 def test_fp8_kernel_on_stand_in_operands(dtype, scales, rng):

@@ -179,7 +179,8 @@ def test_cli_serve_and_demo_with_ace_step(monkeypatch, tmp_path, capsys):
 
 # ---------------------------------------------------------------- GPU: published size, engines
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
+    a, b = a.detach().float().cpu(), b.detach().float().cpu()  # results come back on the host
+    return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
 def _gpu_requests(n: int, cond_dim: int, *, cfg: bool) -> list[Request]:

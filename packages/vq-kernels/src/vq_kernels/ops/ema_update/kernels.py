@@ -206,7 +206,8 @@ def _code_update(
     else:
         new_size = tl.where(active, blended_size, size)
         refresh = active
-        denom = tl.maximum(new_size, eps)
+        # NaN state stays NaN, as torch's clamp_min has it (fmax on the GPU would drop it)
+        denom = tl.maximum(new_size, eps, propagate_nan=tl.PropagateNan.ALL)
         blend = active
     denom = tl.where(refresh, denom, 1.0)
     new_counter = tl.where(active, 0, counter + 1)
