@@ -40,9 +40,11 @@ def categorize(name: str) -> str:
     return "other"
 
 
-def profile_forward(engine, rows: int, frames: int, cond_len: int, *, warmup: int = 3) -> dict:
+def profile_forward(
+    engine, rows: int, frames: int, cond_len: int, *, warmup: int = 3, top: int = 10
+) -> dict:
     """Profile one ``engine.forward`` at a batch of ``rows`` and return ``{"total_ms", "by_category"
-    (ms), "fractions", "top" (the ten largest entries)}``."""
+    (ms), "fractions", "top" (the ``top`` largest entries)}``."""
     device = engine.device
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(rows, frames, engine.latent_channels, generator=gen).to(device)
@@ -83,7 +85,7 @@ def profile_forward(engine, rows: int, frames: int, cond_len: int, *, warmup: in
         "total_ms": total,
         "by_category": totals,
         "fractions": {k: (v / total if total else 0.0) for k, v in totals.items()},
-        "top": [{"ms": ms, "name": name[:120], "category": cat} for ms, name, cat in entries[:10]],
+        "top": [{"ms": ms, "name": name[:120], "category": cat} for ms, name, cat in entries[:top]],
     }
 
 
