@@ -35,6 +35,8 @@ try:
     from diffusers.models.embeddings import get_1d_rotary_pos_embed
     from diffusers.models.transformers import ace_step_transformer as _ace
     from diffusers.models.transformers.ace_step_transformer import AceStepTransformer1DModel
+
+    from .ace_step_attention import diffusers_processors, use_native_processor
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "the ACE-Step adapter needs diffusers >= 0.42: pip install 'stream-dit[diffusers]'"
@@ -104,6 +106,7 @@ class AceStepAdapter(nn.Module):
         # decided once (torch.compile cannot trace diffusers' backend lookup): set the attention
         # backend of the transformer before wrapping it
         self._flash = _ace._is_flash_attention_backend(transformer.layers[0].self_attn.processor)
+        use_native_processor(transformer)
         param = next(transformer.parameters())
         if null_condition is None:
             gen = torch.Generator().manual_seed(int(seed))
@@ -179,7 +182,10 @@ class AceStepAdapter(nn.Module):
         hidden = torch.cat([context.to(dtype), x.to(dtype)], dim=-1)
         # always pad (possibly by 0) so an exported graph stays correct for every T
         hidden = F.pad(hidden, (0, 0, 0, (-frames) % p))
-        hidden = m.proj_in_conv(hidden.transpose(1, 2)).transpose(1, 2)
+        # contiguous tokens: the convolution's (B, C, T) output read as (B, T, C) would carry a
+        # feature stride of T through the residual stream, and every Linear would get a misaligned
+        # operand (cuBLAS falls back to an sm75 align-1 kernel: 3x slower at the published size)
+        hidden = m.proj_in_conv(hidden.transpose(1, 2)).transpose(1, 2).contiguous()
         n = hidden.shape[1]
 
         # rows without tokens (the unconditional branch) attend to the learned null embedding
@@ -334,15 +340,17 @@ def reference_denoise(
         )[0].float()
 
     x = noise[None].float()
-    for t_sched in scheduler.timesteps:
-        t = float(t_sched) * torch.ones(1, device=device, dtype=dtype)
-        if not guided:
-            v = velocity(x, t, states)
-        else:
-            if neg.shape[1] == states.shape[1]:  # the pipeline's one batched forward
-                v_pos, v_neg = velocity(x, t, torch.cat([states, neg])).chunk(2)
-            else:  # a negative prompt of another length: two forwards
-                v_pos, v_neg = velocity(x, t, states), velocity(x, t, neg)
-            v = v_neg + guidance * (v_pos - v_neg)
-        x = scheduler.step(v, t_sched, x, return_dict=False)[0]
+    # the oracle runs diffusers' own attention processor, not the adapter's
+    with diffusers_processors(transformer):
+        for t_sched in scheduler.timesteps:
+            t = float(t_sched) * torch.ones(1, device=device, dtype=dtype)
+            if not guided:
+                v = velocity(x, t, states)
+            else:
+                if neg.shape[1] == states.shape[1]:  # the pipeline's one batched forward
+                    v_pos, v_neg = velocity(x, t, torch.cat([states, neg])).chunk(2)
+                else:  # a negative prompt of another length: two forwards
+                    v_pos, v_neg = velocity(x, t, states), velocity(x, t, neg)
+                v = v_neg + guidance * (v_pos - v_neg)
+            x = scheduler.step(v, t_sched, x, return_dict=False)[0]
     return x[0]
