@@ -48,6 +48,9 @@ def test_fused_head_takes_linear_weight(normalize, rng):
         lambda q, h, w, bb: reference.maxsim_from_hidden_reference(q, h, w, bb, mask,
                                                                    normalize=normalize),
         [Q, H, W, b], generator=rng, names=["Q", "H_d", "W", "b"],
+        # b's gradient is a sum of signed terms that cancel: fp32 rounding is relative to the
+        # terms, so the sum's relative error can pass 1e-5 on some draws
+        grad_tol=1e-4,
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"W must be \[d_out=4, d_model=6\]"):
         maxsim_from_hidden(Q, H, W.t(), b)
