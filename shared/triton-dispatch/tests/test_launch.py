@@ -14,6 +14,7 @@ from triton_dispatch.launch import (
     KernelLaunch,
     PlanCache,
     _arg_spec,
+    call_key,
     clear_plan_caches,
     plan_caches,
     tensor_key,
@@ -76,6 +77,20 @@ def test_tensor_key_separates_everything_a_plan_depends_on():
     assert tensor_key(None) is None
     with pytest.raises(AttributeError):
         tensor_key([1, 2, 3])
+
+
+def test_call_key_covers_tensors_settings_and_the_forced_backend(monkeypatch):
+    monkeypatch.delenv("TRITON_DISPATCH_BACKEND", raising=False)
+    x = torch.zeros(3, 4)
+    key = call_key((x, None), "l2", 1)
+    assert key == call_key((torch.ones(3, 4), None), "l2", 1)  # values are not part of it
+    assert key != call_key((x.t(), None), "l2", 1)
+    assert key != call_key((x, None), "cosine", 1)
+    monkeypatch.setenv("TRITON_DISPATCH_BACKEND", "torch")
+    assert key != call_key((x, None), "l2", 1)
+    # what a plan cannot describe sends the op down its validating path
+    assert call_key(([1.0], None), "l2", 1) is None
+    assert call_key((x, None), ["unhashable"]) is None
 
 
 def test_tensor_key_holds_the_device_index():

@@ -40,7 +40,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from .backend import interpreter_enabled
+from .backend import BACKEND_ENV_VAR, interpreter_enabled
 
 #: Set to ``0`` to build every call's plan afresh (no reuse).
 PLAN_CACHE_ENV_VAR = "TRITON_DISPATCH_PLAN_CACHE"
@@ -62,6 +62,21 @@ def tensor_key(t: torch.Tensor | None) -> Hashable:
     if t is None:
         return None
     return (t.dtype, t.device, t.shape, t.is_contiguous(), t.requires_grad)
+
+
+def call_key(tensors: Sequence[Any], *settings: Any) -> tuple | None:
+    """The plan key of one call: :func:`tensor_key` of each tensor argument, the call's other
+    settings (flags, backend request, ...), and the backend forced by ``TRITON_DISPATCH_BACKEND``.
+
+    ``None`` when an argument is not what a plan can describe (a non-tensor where a tensor goes, an
+    unhashable setting): the op then takes its validating path, which raises its clear error.
+    """
+    try:
+        key = (*map(tensor_key, tensors), *settings, os.environ.get(BACKEND_ENV_VAR))
+        hash(key)
+    except (AttributeError, TypeError):
+        return None
+    return key
 
 
 class PlanCache(Generic[P]):

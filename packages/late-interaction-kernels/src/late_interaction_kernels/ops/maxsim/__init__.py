@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import os
 from typing import NamedTuple
 
 import torch
 
-from triton_dispatch import BACKEND_ENV_VAR, common_device, select_backend, uses_triton
-from triton_dispatch.launch import PlanCache, tensor_key
+from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch.launch import PlanCache
+from triton_dispatch.launch import call_key as plan_key
 
 from .layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN
 from .op import maxsim_forward
@@ -168,15 +168,7 @@ _PAIRS_PLANS: PlanCache = PlanCache("late_interaction_kernels.maxsim_pairs")
 def call_key(Q, D, q_mask, d_mask, *flags) -> tuple | None:
     """The plan key of a padded-layout call, or ``None`` when an argument is not what a plan can
     describe (the call then takes the validating path, which raises the clear error)."""
-    try:
-        key = (
-            tensor_key(Q), tensor_key(D), tensor_key(q_mask), tensor_key(d_mask), *flags,
-            os.environ.get(BACKEND_ENV_VAR), torch.is_grad_enabled(),
-        )  # fmt: skip
-        hash(key)
-    except (AttributeError, TypeError):
-        return None
-    return key
+    return plan_key((Q, D, q_mask, d_mask), *flags, torch.is_grad_enabled())
 
 
 class _Call(NamedTuple):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 
-from triton_dispatch import BACKEND_ENV_VAR, common_device, select_backend, uses_triton
-from triton_dispatch.launch import PlanCache, tensor_key
+from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch.launch import PlanCache, call_key
 
 from .._validation import (
     require_contiguous,
@@ -312,16 +311,11 @@ def ema_update_(
     and no code is restarted.
     """
     if process_group is None and not torch.compiler.is_compiling():
-        try:
-            key = (
-                tensor_key(x), tensor_key(codes), tensor_key(codebook), tensor_key(cluster_size),
-                tensor_key(embed_sum), tensor_key(steps_since_active), tensor_key(candidates),
-                decay, eps, semantics, dead_threshold, deterministic, check_codes, backend,
-                None if generator is None else generator.device, os.environ.get(BACKEND_ENV_VAR),
-            )  # fmt: skip
-            hash(key)
-        except (AttributeError, TypeError):
-            key = None
+        key = call_key(
+            (x, codes, codebook, cluster_size, embed_sum, steps_since_active, candidates),
+            decay, eps, semantics, dead_threshold, deterministic, check_codes, backend,
+            None if generator is None else generator.device,
+        )  # fmt: skip
         if key is not None:
             plan = _PLANS.get(
                 key,

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
-from triton_dispatch import BACKEND_ENV_VAR, common_device, select_backend, uses_triton
-from triton_dispatch.launch import PlanCache, tensor_key
+from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch.launch import PlanCache, call_key
 
 from .._validation import require_float, require_tensor
 from .reference import METRICS, quantize_reference
@@ -74,14 +72,7 @@ def quantize(
     chunked PyTorch search (``O(B · 4096)`` memory) on every backend.
     """
     if not torch.compiler.is_compiling():
-        try:
-            key = (
-                tensor_key(x), tensor_key(codebook), metric, k, backend,
-                os.environ.get(BACKEND_ENV_VAR),
-            )  # fmt: skip
-            hash(key)
-        except (AttributeError, TypeError):
-            key = None
+        key = call_key((x, codebook), metric, k, backend)
         if key is not None:
             return _PLANS.get(key, lambda: _plan(x, codebook, metric, k, backend))(x, codebook)
     return _quantize(x, codebook, metric, k, backend)

@@ -1,0 +1,48 @@
+"""The cached call path of ``maxsim``: a plan is reused only for calls whose metadata it was built
+for, and every call, hit or miss, equals the float64 reference and the uncached path."""
+
+from __future__ import annotations
+
+import torch
+
+from late_interaction_kernels import maxsim
+from late_interaction_kernels.ops.maxsim import _MAXSIM_PLANS
+from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
+from triton_dispatch.testing import assert_close, rand_mask, randn
+
+
+def _variants(rng):
+    """(label, Q, D, q_mask, d_mask, expected to hit) in call order."""
+    Q, D = randn((2, 3, 8), generator=rng), randn((3, 5, 8), generator=rng)
+    qm, dm = rand_mask((2, 3), generator=rng), rand_mask((3, 5), generator=rng)
+    yield "first", Q, D, qm, dm, False
+    # new values, same metadata: the plan is reused and must not have kept any value
+    yield "same metadata", randn((2, 3, 8), generator=rng), D * 2, qm, dm, True
+    wide = randn((2, 3, 16), generator=rng)
+    yield "non-contiguous Q", wide[..., ::2], D, qm, dm, False
+    # the key holds contiguity, not strides: a stride-0 Q shares the non-contiguous plan, which
+    # must therefore read strides per call
+    yield "expanded Q", Q[:1].expand(2, -1, -1), D, qm, dm, True
+    yield "expanded D", Q, D[:1].expand(3, -1, -1), qm, dm, False
+    yield "float16", Q.half(), D.half(), qm, dm, False
+    yield "another Nd", Q, D[:2], qm, dm[:2], False
+    yield "no masks", Q, D, None, None, False
+    yield "first again", Q, D, qm, dm, True
+
+
+def test_plans_are_reused_only_for_their_metadata(rng, monkeypatch):
+    _MAXSIM_PLANS.clear()
+    for label, Q, D, qm, dm, hit in _variants(rng):
+        hits, misses = _MAXSIM_PLANS.hits, _MAXSIM_PLANS.misses
+        got = maxsim(Q, D, qm, dm, normalize=False)
+        assert (_MAXSIM_PLANS.hits - hits, _MAXSIM_PLANS.misses - misses) == (
+            (1, 0) if hit else (0, 1)
+        ), label
+        want = maxsim_reference(Q.double(), D.double(), qm, dm)
+        assert_close(got, want, dtype=Q.dtype, name=label)
+        monkeypatch.setenv("TRITON_DISPATCH_PLAN_CACHE", "0")
+        try:
+            uncached = maxsim(Q, D, qm, dm, normalize=False)
+        finally:
+            monkeypatch.delenv("TRITON_DISPATCH_PLAN_CACHE")
+        assert torch.equal(got, uncached), label
