@@ -66,6 +66,45 @@ def test_approx_score(rng):
                  plaid_approx_score_reference(qcs.double(), codes, lengths))  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("lq", [3, 150])  # 150: two query tiles of the kernel
+def test_approx_score_kernel_edge_values(dtype, lq, rng, device):
+    """Long documents (several code tiles), lengths past the width and below 0, codes out of range,
+    NaN and inf in the centroid scores: the kernel keeps the reference's rules for all of them."""
+    n_centroids, batch, width = 9, 7, 70
+    qcs = torch.randn(n_centroids, lq, generator=rng).to(dtype)
+    qcs[3, 0] = float("nan")
+    qcs[4, 1] = float("inf")
+    qcs[5, 2] = float("-inf")
+    codes = torch.randint(-2, n_centroids + 2, (batch, width), generator=rng)
+    codes[1, :4] = torch.tensor([3, 4, 5, 0])  # NaN, +inf and -inf inside the length
+    lengths = torch.randint(0, width + 1, (batch,), generator=rng)
+    lengths[0], lengths[1], lengths[2], lengths[3] = 0, 4, width + 5, -3
+    kernel = plaid_approx_score(qcs.to(device), codes.to(device), lengths.to(device)).cpu()
+    torch_path = plaid_approx_score(qcs, codes, lengths, backend="torch")
+    ref_codes = torch.where((codes >= 0) & (codes < n_centroids), codes, 0)
+    want = plaid_approx_score_reference(qcs.double(), ref_codes, lengths)
+    assert kernel.dtype == torch.float32 and torch.isfinite(kernel).all()
+    assert_close(kernel, want, dtype=dtype)
+    assert_close(torch_path, want, dtype=dtype)
+    assert kernel[0] == 0 and kernel[3] == 0  # no codes count
+
+
+def test_approx_score_kernel_compiles_for_sm90(compile_on_hopper):
+    compile_on_hopper(
+        """
+import sys
+sys.path.insert(0, {tests!r})
+from compile_for_hopper import compile_one
+from late_interaction_kernels.ops.plaid.kernels import plaid_approx_score_kernel
+sig = {{"QCS": "*fp32", "CODES": "*i64", "LENGTHS": "*i64", "OUT": "*fp32", "n_centroids": "i32",
+        "lq": "i32", "max_ld": "i32", "stride_c": "i32", "stride_b": "i32"}}
+for bq in (32, 128):
+    compile_one(plaid_approx_score_kernel, sig, dict(BLOCK_L=64, BLOCK_Q=bq))
+"""
+    )
+
+
 def test_bad_inputs(rng):
     codes, residuals, lengths, centroids, weights = _index(rng, 2)
     Q = torch.randn(1, 3, 16, generator=rng)

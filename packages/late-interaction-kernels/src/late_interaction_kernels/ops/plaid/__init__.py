@@ -13,9 +13,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from triton_dispatch import common_device, select_backend, uses_triton
+
 from ..maxsim import maxsim
 from ..maxsim_residual import maxsim_residual as _fused_residual
 from ..varlen.layout import check_offsets, loop_bound, pad
+from .kernels import launch_plaid_approx_score
 from .reference import decompress_padded, length_mask
 
 __all__ = ["maxsim_residual", "maxsim_residual_varlen", "plaid_approx_score"]
@@ -163,14 +166,20 @@ def maxsim_residual_varlen(
 
 
 def plaid_approx_score(
-    query_centroid_scores: torch.Tensor, codes: torch.Tensor, doc_lengths: torch.Tensor
+    query_centroid_scores: torch.Tensor,
+    codes: torch.Tensor,
+    doc_lengths: torch.Tensor,
+    *,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """ColBERTv2's candidate-pruning score, ``(B,)`` float32: per query token the best
     ``query_centroid_scores[code]`` among a document's first ``doc_lengths[b]`` codes, summed.
 
     ``query_centroid_scores``: ``(n_centroids, Lq)`` (``centroids @ Q.T``); ``codes``:
     ``(B, max_Ld)``; ``doc_lengths``: ``(B,)``. Codes outside ``[0, n_centroids)`` read
-    centroid 0. Documents are gathered in chunks, so memory stays bounded.
+    centroid 0. On CUDA one Triton program per document keeps a running maximum per query token
+    (:mod:`.kernels`); the PyTorch path gathers documents in chunks, so memory stays bounded.
+    ``backend``: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
     """
     if not isinstance(query_centroid_scores, torch.Tensor) or query_centroid_scores.dim() != 2:
         raise ValueError("query_centroid_scores must be [n_centroids, Lq]")
@@ -182,6 +191,16 @@ def plaid_approx_score(
         or doc_lengths.shape[0] != codes.shape[0]
     ):
         raise ValueError("doc_lengths must be [B] with B matching codes")
+    chosen = select_backend(
+        device=common_device([query_centroid_scores, codes, doc_lengths]), backend=backend
+    )
+    if uses_triton(chosen) and query_centroid_scores.dtype != torch.float64:
+        out = torch.empty(codes.shape[0], dtype=torch.float32, device=codes.device)
+        if codes.shape[0]:
+            launch_plaid_approx_score(
+                query_centroid_scores.contiguous(), codes.contiguous(), doc_lengths, out
+            )
+        return out
     qcs = query_centroid_scores.float()
     n_centroids, lq = qcs.shape
     codes = codes.long()
