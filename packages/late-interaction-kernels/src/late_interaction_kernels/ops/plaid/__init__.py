@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..maxsim import maxsim
 from ..maxsim_residual import maxsim_residual as _fused_residual
-from ..varlen.layout import check_offsets, loop_bound, pad
+from ..varlen.layout import check_devices, check_offsets, loop_bound, pad
 from .reference import decompress_padded, length_mask
 
 __all__ = ["maxsim_residual", "maxsim_residual_varlen", "plaid_approx_score"]
@@ -46,6 +46,48 @@ def _check_common(Q, residuals, centroids, bucket_weights, nbits) -> tuple[torch
     if not isinstance(bucket_weights, torch.Tensor) or bucket_weights.shape != (1 << nbits,):
         raise ValueError(f"bucket_weights must be [2**nbits={1 << nbits}]")
     return Q, squeeze
+
+
+def _is_integer(x) -> bool:
+    return isinstance(x, torch.Tensor) and not (
+        x.is_floating_point() or x.is_complex() or x.dtype == torch.bool
+    )
+
+
+def _check_index(Q, codes, residuals, lengths, centroids, bucket_weights, names) -> None:
+    """dtypes and device of the index tensors, named as the caller passed them (the fused kernel
+    underneath calls them otherwise); ``ValueError`` like the other checks of this module.
+    Offsets (``cu_seqlens_d``) are type-checked by ``check_offsets``."""
+    codes_name, residuals_name, lengths_name = names
+    if not _is_integer(codes):
+        raise ValueError(
+            f"{codes_name} must be an integer tensor of centroid ids, got {_kind(codes)}"
+        )
+    if not isinstance(residuals, torch.Tensor) or residuals.dtype != torch.uint8:
+        raise ValueError(
+            f"{residuals_name} must be a uint8 tensor of packed bucket indices, got {_kind(residuals)}"
+        )
+    if lengths_name == "doc_lengths" and not _is_integer(lengths):
+        raise ValueError(f"doc_lengths must be an integer tensor, got {_kind(lengths)}")
+    check_devices(
+        Q=Q, **{codes_name: codes, residuals_name: residuals, lengths_name: lengths},
+        centroids=centroids, bucket_weights=bucket_weights,
+    )  # fmt: skip
+
+
+def _kind(x) -> str:
+    return f"{x.dtype} tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _check_codes(name: str, valid_codes: torch.Tensor, n_centroids: int) -> None:
+    """The codes of real tokens must index a centroid (padding may hold anything)."""
+    if valid_codes.numel():
+        lo, hi = torch.stack([valid_codes.min(), valid_codes.max()]).tolist()
+        if lo < 0 or hi >= n_centroids:
+            raise ValueError(
+                f"{name} must index centroids, i.e. lie in [0, {n_centroids}); got values in "
+                f"[{lo}, {hi}]"
+            )
 
 
 def _fused(Q, codes_flat, residuals_flat, lengths, centroids, bucket_weights, nbits, q_mask,
@@ -102,6 +144,8 @@ def maxsim_residual(
         document scores 0 and raises ``ValueError`` when ``Q`` requires grad.
     """
     Q, squeeze = _check_common(Q, residuals, centroids, bucket_weights, nbits)
+    names = ("codes", "residuals", "doc_lengths")
+    _check_index(Q, codes, residuals, doc_lengths, centroids, bucket_weights, names)
     if codes.dim() != 2:
         raise ValueError("codes must be [Nd, max_Ld]")
     if residuals.dim() != 3 or residuals.shape[:2] != codes.shape:
@@ -109,10 +153,16 @@ def maxsim_residual(
     if doc_lengths.dim() != 1 or doc_lengths.shape[0] != codes.shape[0]:
         raise ValueError("doc_lengths must be [Nd] with Nd matching codes")
     lengths = doc_lengths.to(device=codes.device, dtype=torch.int64)
-    if lengths.numel() and int(lengths.max()) > codes.shape[1]:
-        raise ValueError(f"doc_lengths must not exceed max_Ld={codes.shape[1]}")
+    if lengths.numel():
+        shortest, longest = torch.stack([lengths.min(), lengths.max()]).tolist()
+        if shortest < 0 or longest > codes.shape[1]:
+            raise ValueError(
+                f"doc_lengths must lie in [0, max_Ld={codes.shape[1]}]; got values in "
+                f"[{shortest}, {longest}]"
+            )
+    mask = length_mask(lengths, codes.shape[1])
+    _check_codes("codes", codes[mask], centroids.shape[0])
     if normalize:
-        mask = length_mask(lengths, codes.shape[1])
         out = _fused(Q, codes[mask], residuals[mask], lengths, centroids, bucket_weights, nbits,
                      q_mask, backend)  # fmt: skip
     else:
@@ -142,6 +192,8 @@ def maxsim_residual_varlen(
     value raises ``ValueError``). Returns float32 ``(Nq, Nd)`` (``(Nd,)`` for a 2-D ``Q``).
     """
     Q, squeeze = _check_common(Q, residuals_flat, centroids, bucket_weights, nbits)
+    names = ("codes_flat", "residuals_flat", "cu_seqlens_d")
+    _check_index(Q, codes_flat, residuals_flat, cu_seqlens_d, centroids, bucket_weights, names)
     if codes_flat.dim() != 1:
         raise ValueError("codes_flat must be 1-D [total_d_tokens]")
     if residuals_flat.dim() != 2 or residuals_flat.shape[0] != codes_flat.shape[0]:
@@ -151,6 +203,7 @@ def maxsim_residual_varlen(
     lengths = check_offsets("cu_seqlens_d", cu_seqlens_d, codes_flat.shape[0])
     width = loop_bound("max_seqlen_d", max_seqlen_d, lengths)
     lo, hi = int(cu_seqlens_d[0]), int(cu_seqlens_d[-1])
+    _check_codes("codes_flat", codes_flat[lo:hi], centroids.shape[0])
     if normalize:
         out = _fused(Q, codes_flat[lo:hi], residuals_flat[lo:hi], lengths, centroids,
                      bucket_weights, nbits, q_mask, backend)  # fmt: skip
@@ -169,8 +222,10 @@ def plaid_approx_score(
     ``query_centroid_scores[code]`` among a document's first ``doc_lengths[b]`` codes, summed.
 
     ``query_centroid_scores``: ``(n_centroids, Lq)`` (``centroids @ Q.T``); ``codes``:
-    ``(B, max_Ld)``; ``doc_lengths``: ``(B,)``. Codes outside ``[0, n_centroids)`` read
-    centroid 0. Documents are gathered in chunks, so memory stays bounded.
+    ``(B, max_Ld)``; ``doc_lengths``: ``(B,)``. The codes of a document's tokens must lie in
+    ``[0, n_centroids)`` (``ValueError`` otherwise, one host synchronisation); padding beyond
+    ``doc_lengths`` may hold anything. A document without tokens scores 0. Documents are gathered
+    in chunks, so memory stays bounded.
     """
     if not isinstance(query_centroid_scores, torch.Tensor) or query_centroid_scores.dim() != 2:
         raise ValueError("query_centroid_scores must be [n_centroids, Lq]")
@@ -182,17 +237,31 @@ def plaid_approx_score(
         or doc_lengths.shape[0] != codes.shape[0]
     ):
         raise ValueError("doc_lengths must be [B] with B matching codes")
+    if not _is_integer(codes):
+        raise ValueError(f"codes must be an integer tensor of centroid ids, got {_kind(codes)}")
+    if not _is_integer(doc_lengths):
+        raise ValueError(f"doc_lengths must be an integer tensor, got {_kind(doc_lengths)}")
+    check_devices(query_centroid_scores=query_centroid_scores, codes=codes, doc_lengths=doc_lengths)
     qcs = query_centroid_scores.float()
     n_centroids, lq = qcs.shape
-    codes = codes.long()
-    codes = torch.where((codes >= 0) & (codes < n_centroids), codes, torch.zeros_like(codes))
     lengths = doc_lengths.to(codes.device)
+    valid = length_mask(lengths, codes.shape[1])
+    if codes.numel():
+        bad = valid & ((codes < 0) | (codes >= n_centroids))
+        if bool(bad.any()):
+            raise ValueError(
+                f"codes must index the rows of query_centroid_scores, i.e. lie in "
+                f"[0, {n_centroids}), wherever a document has a token"
+            )
+    # padding is never read as a score: any value there is replaced by centroid 0, then masked
+    codes = torch.where(valid, codes.long(), torch.zeros_like(codes, dtype=torch.long))
     out = []
     step = max(1, (1 << 24) // max(codes.shape[1] * lq, 1))
     for start in range(0, codes.shape[0], step):
         sl = slice(start, start + step)
         gathered = qcs[codes[sl]]  # (b, max_Ld, Lq)
-        mask = length_mask(lengths[sl], codes.shape[1])
+        mask = valid[sl]
         m = gathered.masked_fill(~mask[..., None], float("-inf")).amax(dim=1)
-        out.append(torch.where(torch.isfinite(m), m, torch.zeros_like(m)).sum(dim=-1))
+        # a document without tokens scores 0; a non-finite score of a real token stays
+        out.append(torch.where(mask.any(dim=1)[:, None], m, torch.zeros_like(m)).sum(dim=-1))
     return torch.cat(out) if out else qcs.new_zeros(0)

@@ -39,9 +39,10 @@ def length_mask(doc_lengths: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def _masked_maxsim(S: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``S (Nq, Nd, Lq, Ld)`` → ``(Nq, Nd)``: masked tokens never win, empty documents give 0."""
+    """``S (Nq, Nd, Lq, Ld)`` → ``(Nq, Nd)``: masked tokens never win, empty documents give 0,
+    NaN and inf similarities of real tokens reach the score."""
     m = S.masked_fill(~mask[None, :, None, :], NEG_INF).max(dim=-1).values
-    return torch.where(torch.isfinite(m), m, torch.zeros_like(m)).sum(dim=-1)
+    return torch.where(mask.any(dim=-1)[None, :, None], m, torch.zeros_like(m)).sum(dim=-1)
 
 
 def maxsim_residual_reference(
@@ -77,4 +78,4 @@ def plaid_approx_score_reference(
     gathered = qcs[codes.long()]  # (B, max_Ld, Lq)
     mask = length_mask(doc_lengths.to(codes.device), codes.shape[1])
     m = gathered.masked_fill(~mask[..., None], NEG_INF).max(dim=1).values
-    return torch.where(torch.isfinite(m), m, torch.zeros_like(m)).sum(dim=-1)
+    return torch.where(mask.any(dim=1)[:, None], m, torch.zeros_like(m)).sum(dim=-1)
