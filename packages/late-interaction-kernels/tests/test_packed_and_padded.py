@@ -56,7 +56,7 @@ def test_score_pairs_packed(rng):
         lambda q, d: maxsim_reference_scatter(q, d, cu_q, cu_d, pq, pd),
         [Q, D], generator=rng, names=["Q_packed", "D_packed"],
     )  # fmt: skip
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(ValueError, match="must index the"):
         score_pairs_packed(Q, D, cu_q, cu_d, pq, pd + 4)
 
 
@@ -88,5 +88,5 @@ def test_pack_padded_feeds_score_pairs(rng):
     torch.testing.assert_close(got.double(), want.reshape(-1), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="doc_lengths must all be > 0"):
         pack_padded(queries, documents, qlen, dlen * 0, validate=True)
-    with pytest.raises(ValueError, match="exceeds the padded extent"):
+    with pytest.raises(ValueError, match="query_lengths must lie in"):
         pack_padded(queries, documents, qlen + 10, dlen)

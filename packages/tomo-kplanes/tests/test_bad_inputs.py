@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tomo_kplanes import project_to_so3
 from tomo_kplanes.ops import nearest_rotation, tilted_plane_features
 from tomo_kplanes.ops.nearest_rotation import nearest_rotation_reference
 from tomo_kplanes.ops.tilted_plane_features import tilted_plane_features_reference
@@ -44,6 +45,17 @@ NEAREST_ROTATION = OpSpec(
 )
 
 
+# the public name of the same op (tomo_kplanes.project_to_so3 wraps nearest_rotation)
+PROJECT_TO_SO3 = OpSpec(
+    "project_to_so3",
+    project_to_so3,
+    nearest_rotation_reference,
+    NEAREST_ROTATION.make_inputs,
+    NEAREST_ROTATION.args,
+    tol=NEAREST_ROTATION.tol,
+)
+
+
 @pytest.mark.parametrize("case", bad_input_params(TILTED_PLANE_FEATURES))
 def test_tilted_plane_features_bad_inputs(case, seed, device):
     check_bad_input(case, seed=seed, device=device)
@@ -51,4 +63,9 @@ def test_tilted_plane_features_bad_inputs(case, seed, device):
 
 @pytest.mark.parametrize("case", bad_input_params(NEAREST_ROTATION))
 def test_nearest_rotation_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)
+
+
+@pytest.mark.parametrize("case", bad_input_params(PROJECT_TO_SO3))
+def test_project_to_so3_bad_inputs(case, seed, device):
     check_bad_input(case, seed=seed, device=device)

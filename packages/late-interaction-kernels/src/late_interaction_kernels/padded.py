@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from triton_dispatch import common_device
+
 from .ops.maxsim import maxsim
 
 __all__ = ["PackedBatch", "maxsim_padded", "pack_padded"]
@@ -57,7 +59,18 @@ def _check(queries, documents, query_lengths, doc_lengths) -> tuple[int, int]:
         raise ValueError(f"query_lengths must be [B={b}]; got {_shape(query_lengths)}")
     if not isinstance(doc_lengths, torch.Tensor) or tuple(doc_lengths.shape) != (b, c):
         raise ValueError(f"doc_lengths must be [B={b}, C={c}]; got {_shape(doc_lengths)}")
+    for name, x in (("queries", queries), ("documents", documents)):
+        if x.dtype not in _FLOATS:
+            raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {x.dtype}")
+    for name, x in (("query_lengths", query_lengths), ("doc_lengths", doc_lengths)):
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor, got {x.dtype}")
+    names = ("queries", "documents", "query_lengths", "doc_lengths")
+    common_device([queries, documents, query_lengths, doc_lengths], names=names)
     return b, c
+
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _shape(x) -> str:
@@ -71,12 +84,18 @@ def _length_masks(queries, documents, query_lengths, doc_lengths, validate: bool
     lq, ld = queries.shape[1], documents.shape[2]
     if qlen.numel():
         qmin, qmax = torch.stack([qlen.min(), qlen.max()]).tolist()
-        dmin, dmax = (
-            torch.stack([dlen.min(), dlen.max()]).tolist() if dlen.numel() else (1, 0)
-        )
+        dmin, dmax = torch.stack([dlen.min(), dlen.max()]).tolist() if dlen.numel() else (1, 0)
         # out-of-range lengths would read padding as tokens: always an error
-        if qmax > lq or dmax > ld or qmin < 0 or dmin < 0:
-            raise ValueError("a length exceeds the padded extent (or is negative)")
+        if qmax > lq or qmin < 0:
+            raise ValueError(
+                f"query_lengths must lie in [0, Lq={lq}] (the padded extent of queries); "
+                f"got values in [{qmin}, {qmax}]"
+            )
+        if dmax > ld or dmin < 0:
+            raise ValueError(
+                f"doc_lengths must lie in [0, Ld={ld}] (the padded extent of documents); "
+                f"got values in [{dmin}, {dmax}]"
+            )
         if validate and qmin <= 0:
             raise ValueError("query_lengths must all be > 0")
         if validate and dmin <= 0:
@@ -111,9 +130,11 @@ def pack_padded(
     cu_d = torch.zeros(b * c + 1, dtype=torch.int32, device=device)
     cu_d[1:] = dlen.reshape(-1).cumsum(0)
     pairs = torch.arange(b * c, dtype=torch.int32, device=device)
-    longest = torch.stack([qlen.max(), dlen.max()]).tolist() if b and c else [
-        int(qlen.max()) if b else 0, 0
-    ]
+    longest = (
+        torch.stack([qlen.max(), dlen.max()]).tolist()
+        if b and c
+        else [int(qlen.max()) if b else 0, 0]
+    )
     return PackedBatch(
         Q_packed=queries.reshape(-1, dim)[q_mask.reshape(-1)],
         cu_seqlens_q=cu_q,

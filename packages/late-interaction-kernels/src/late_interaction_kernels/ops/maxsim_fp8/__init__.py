@@ -36,7 +36,9 @@ def quantize_fp8_per_tensor(
     X: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(X_fp8, scale)`` with one float32 scale (shape ``()``): ``X ≈ X_fp8.float() * scale``,
-    the largest ``|X|`` mapped to ``torch.finfo(dtype).max``."""
+    the largest ``|X|`` mapped to ``torch.finfo(dtype).max``. ``X`` must be finite (one host
+    synchronisation checks it)."""
+    _check_quantize_input(X)
     return quantize(X, dtype, per_token=False)
 
 
@@ -44,10 +46,21 @@ def quantize_fp8_per_token(
     X: torch.Tensor, dtype: torch.dtype = torch.float8_e4m3fn
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(X_fp8, scale)`` with one float32 scale per token (row of the last axis), shape
-    ``X.shape[:-1]``; ``X`` is 2-D or 3-D."""
+    ``X.shape[:-1]``; ``X`` is 2-D or 3-D and finite."""
+    _check_quantize_input(X)
     if X.dim() not in (2, 3):
         raise ValueError(f"X must be 2-D or 3-D, got shape {tuple(X.shape)}")
     return quantize(X, dtype, per_token=True)
+
+
+def _check_quantize_input(X) -> None:
+    if not isinstance(X, torch.Tensor):
+        raise TypeError(f"X must be a floating tensor, got {type(X).__name__}")
+    if X.dtype not in _QUANTIZABLE:
+        raise TypeError(f"X must be float16, bfloat16, float32 or float64, got {X.dtype}")
+    # a NaN or inf has no scale: it would turn every value sharing its scale into NaN
+    if X.numel() and not bool(torch.isfinite(X).all()):
+        raise ValueError("X must be finite: it holds NaN or inf, which have no FP8 scale")
 
 
 def dequantize_fp8_per_tensor(X_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -58,6 +71,9 @@ def dequantize_fp8_per_tensor(X_fp8: torch.Tensor, scale: torch.Tensor) -> torch
 def dequantize_fp8_per_token(X_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``X_fp8.float() * scale[..., None]`` (float32)."""
     return dequantize(X_fp8, scale, per_token=True)
+
+
+_QUANTIZABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _batch(x: torch.Tensor, scale: torch.Tensor, name: str):
@@ -76,12 +92,14 @@ def _batch(x: torch.Tensor, scale: torch.Tensor, name: str):
             f"scale_{name} must be a per-tensor scale (one element) or per-token "
             f"{tuple(x.shape[:2])}, got shape {tuple(scale.shape)}"
         )
-    return x, scale.to(device=x.device, dtype=torch.float32).contiguous(), squeeze
+    return x, scale.to(dtype=torch.float32).contiguous(), squeeze
 
 
 def _mask(mask, shape, name):
     if mask is None:
         return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name} must be a bool tensor of shape {shape}, got {type(mask).__name__}")
     if mask.dim() == len(shape) - 1:
         mask = mask.unsqueeze(0)
     if mask.dtype != torch.bool or tuple(mask.shape) != shape:
@@ -105,7 +123,7 @@ def maxsim_inference_fp8(
         Q: ``(Nq, Lq, d)`` or ``(Lq, d)``, ``torch.float8_e4m3fn`` (or ``float8_e5m2``).
         D: ``(Nd, Ld, d)`` or ``(Ld, d)`` in the same dtype.
         scale_Q, scale_D: float32, one element (per tensor) or ``(N, L)`` (per token), as
-            returned by the ``quantize_fp8_*`` functions.
+            returned by the ``quantize_fp8_*`` functions; finite (``ValueError`` otherwise).
         q_mask, d_mask: bool masks, True = valid token (rules of ``maxsim``).
         backend: keyword-only addition: ``"triton"``, ``"interpret"`` or ``"torch"``. The
             interpreter has no 8-bit floats: there the kernel takes fp16/fp32 stand-ins and
@@ -121,12 +139,29 @@ def maxsim_inference_fp8(
     Q, sq, _ = _batch(Q, scale_Q, "Q")
     D, sd, _ = _batch(D, scale_D, "D")
     if Q.shape[-1] != D.shape[-1]:
-        raise ValueError(f"Q and D must share the embedding dim; got {Q.shape[-1]} vs {D.shape[-1]}.")
+        raise ValueError(
+            f"Q and D must share the embedding dim; got {Q.shape[-1]} vs {D.shape[-1]}."
+        )
     if Q.dtype != D.dtype:
         raise TypeError(f"Q and D must share one dtype, got {Q.dtype} and {D.dtype}")
     q_mask = _mask(q_mask, tuple(Q.shape[:2]), "q_mask")
     d_mask = _mask(d_mask, tuple(D.shape[:2]), "d_mask")
-    chosen = select_backend(device=common_device([Q, D]), backend=backend)
+    # a one-element scale may stay on the host, like a Python number; anything else shares Q's device
+    named = {"Q": Q, "D": D, "q_mask": q_mask, "d_mask": d_mask}
+    named.update(
+        (name, s)
+        for name, s in (("scale_Q", sq), ("scale_D", sd))
+        if s.dim() or s.device.type != "cpu"
+    )
+    device = common_device(named.values(), names=named.keys())
+    sq, sd = sq.to(device), sd.to(device)
+    # a NaN or inf scale has no meaning, and its products depend on the order of operations
+    # (the kernel scales the dot products, the reference the tokens): refused, one synchronisation
+    finite = torch.stack([torch.isfinite(sq).all(), torch.isfinite(sd).all()]).tolist()
+    for name, ok in zip(("scale_Q", "scale_D"), finite):
+        if not ok:
+            raise ValueError(f"{name} must be finite; it holds NaN or inf")
+    chosen = select_backend(device=device, backend=backend)
     is_fp8 = Q.dtype in _FP8
     if chosen == "triton" and not is_fp8:
         raise TypeError(f"Q and D must be float8 tensors on CUDA, got {Q.dtype}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..maxsim.running_max import max_nan
 from ..tiles import dot_rows, load_rows
 
 
@@ -57,6 +58,7 @@ def fp8_maxsim_kernel(
             if HAS_DM:
                 t_ok = t_ok & (tl.load(DM + j * ld + t, mask=t_ok, other=0) != 0)
             s = tl.where(t_ok[None, :], s, float("-inf"))
-            m = tl.maximum(m, tl.max(s, 1))
-        total += tl.where(live & (m > float("-inf")), m, 0.0)
+            # NaN wins, so a NaN token or scale reaches the score as it does in the reference
+            m = max_nan(m, tl.reduce(s, 1, max_nan))
+        total += tl.where(live & (m != float("-inf")), m, 0.0)
     tl.store(OUT + pid, tl.sum(total, 0))

@@ -17,7 +17,7 @@ from triton_dispatch import common_device, select_backend, uses_triton
 
 from ..maxsim import maxsim
 from ..maxsim_residual import maxsim_residual as _fused_residual
-from ..varlen.layout import check_offsets, loop_bound, pad
+from ..varlen.layout import check_devices, check_offsets, loop_bound, pad
 from .kernels import launch_plaid_approx_score
 from .reference import decompress_padded, length_mask
 
@@ -49,6 +49,48 @@ def _check_common(Q, residuals, centroids, bucket_weights, nbits) -> tuple[torch
     if not isinstance(bucket_weights, torch.Tensor) or bucket_weights.shape != (1 << nbits,):
         raise ValueError(f"bucket_weights must be [2**nbits={1 << nbits}]")
     return Q, squeeze
+
+
+def _is_integer(x) -> bool:
+    return isinstance(x, torch.Tensor) and not (
+        x.is_floating_point() or x.is_complex() or x.dtype == torch.bool
+    )
+
+
+def _check_index(Q, codes, residuals, lengths, centroids, bucket_weights, names) -> None:
+    """dtypes and device of the index tensors, named as the caller passed them (the fused kernel
+    underneath calls them otherwise); ``ValueError`` like the other checks of this module.
+    Offsets (``cu_seqlens_d``) are type-checked by ``check_offsets``."""
+    codes_name, residuals_name, lengths_name = names
+    if not _is_integer(codes):
+        raise ValueError(
+            f"{codes_name} must be an integer tensor of centroid ids, got {_kind(codes)}"
+        )
+    if not isinstance(residuals, torch.Tensor) or residuals.dtype != torch.uint8:
+        raise ValueError(
+            f"{residuals_name} must be a uint8 tensor of packed bucket indices, got {_kind(residuals)}"
+        )
+    if lengths_name == "doc_lengths" and not _is_integer(lengths):
+        raise ValueError(f"doc_lengths must be an integer tensor, got {_kind(lengths)}")
+    check_devices(
+        Q=Q, **{codes_name: codes, residuals_name: residuals, lengths_name: lengths},
+        centroids=centroids, bucket_weights=bucket_weights,
+    )  # fmt: skip
+
+
+def _kind(x) -> str:
+    return f"{x.dtype} tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _check_codes(name: str, valid_codes: torch.Tensor, n_centroids: int) -> None:
+    """The codes of real tokens must index a centroid (padding may hold anything)."""
+    if valid_codes.numel():
+        lo, hi = torch.stack([valid_codes.min(), valid_codes.max()]).tolist()
+        if lo < 0 or hi >= n_centroids:
+            raise ValueError(
+                f"{name} must index centroids, i.e. lie in [0, {n_centroids}); got values in "
+                f"[{lo}, {hi}]"
+            )
 
 
 def _fused(Q, codes_flat, residuals_flat, lengths, centroids, bucket_weights, nbits, q_mask,
@@ -105,6 +147,8 @@ def maxsim_residual(
         document scores 0 and raises ``ValueError`` when ``Q`` requires grad.
     """
     Q, squeeze = _check_common(Q, residuals, centroids, bucket_weights, nbits)
+    names = ("codes", "residuals", "doc_lengths")
+    _check_index(Q, codes, residuals, doc_lengths, centroids, bucket_weights, names)
     if codes.dim() != 2:
         raise ValueError("codes must be [Nd, max_Ld]")
     if residuals.dim() != 3 or residuals.shape[:2] != codes.shape:
@@ -112,10 +156,16 @@ def maxsim_residual(
     if doc_lengths.dim() != 1 or doc_lengths.shape[0] != codes.shape[0]:
         raise ValueError("doc_lengths must be [Nd] with Nd matching codes")
     lengths = doc_lengths.to(device=codes.device, dtype=torch.int64)
-    if lengths.numel() and int(lengths.max()) > codes.shape[1]:
-        raise ValueError(f"doc_lengths must not exceed max_Ld={codes.shape[1]}")
+    if lengths.numel():
+        shortest, longest = torch.stack([lengths.min(), lengths.max()]).tolist()
+        if shortest < 0 or longest > codes.shape[1]:
+            raise ValueError(
+                f"doc_lengths must lie in [0, max_Ld={codes.shape[1]}]; got values in "
+                f"[{shortest}, {longest}]"
+            )
+    mask = length_mask(lengths, codes.shape[1])
+    _check_codes("codes", codes[mask], centroids.shape[0])
     if normalize:
-        mask = length_mask(lengths, codes.shape[1])
         out = _fused(Q, codes[mask], residuals[mask], lengths, centroids, bucket_weights, nbits,
                      q_mask, backend)  # fmt: skip
     else:
@@ -145,6 +195,8 @@ def maxsim_residual_varlen(
     value raises ``ValueError``). Returns float32 ``(Nq, Nd)`` (``(Nd,)`` for a 2-D ``Q``).
     """
     Q, squeeze = _check_common(Q, residuals_flat, centroids, bucket_weights, nbits)
+    names = ("codes_flat", "residuals_flat", "cu_seqlens_d")
+    _check_index(Q, codes_flat, residuals_flat, cu_seqlens_d, centroids, bucket_weights, names)
     if codes_flat.dim() != 1:
         raise ValueError("codes_flat must be 1-D [total_d_tokens]")
     if residuals_flat.dim() != 2 or residuals_flat.shape[0] != codes_flat.shape[0]:
@@ -154,6 +206,7 @@ def maxsim_residual_varlen(
     lengths = check_offsets("cu_seqlens_d", cu_seqlens_d, codes_flat.shape[0])
     width = loop_bound("max_seqlen_d", max_seqlen_d, lengths)
     lo, hi = int(cu_seqlens_d[0]), int(cu_seqlens_d[-1])
+    _check_codes("codes_flat", codes_flat[lo:hi], centroids.shape[0])
     if normalize:
         out = _fused(Q, codes_flat[lo:hi], residuals_flat[lo:hi], lengths, centroids,
                      bucket_weights, nbits, q_mask, backend)  # fmt: skip
@@ -176,9 +229,10 @@ def plaid_approx_score(
     ``query_centroid_scores[code]`` among a document's first ``doc_lengths[b]`` codes, summed.
 
     ``query_centroid_scores``: ``(n_centroids, Lq)`` (``centroids @ Q.T``); ``codes``:
-    ``(B, max_Ld)``; ``doc_lengths``: ``(B,)``. Codes outside ``[0, n_centroids)`` read
-    centroid 0. On CUDA one Triton program per document keeps a running maximum per query token
-    (:mod:`.kernels`); the PyTorch path gathers documents in chunks, so memory stays bounded.
+    ``(B, max_Ld)``; ``doc_lengths``: ``(B,)``. As published: codes outside ``[0, n_centroids)``
+    read centroid 0, and a query token whose best score is not finite (NaN, ±inf, or no token in
+    the document) adds 0. On CUDA one Triton program per document keeps a running maximum per query
+    token (:mod:`.kernels`); the PyTorch path gathers documents in chunks, so memory stays bounded.
     ``backend``: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
     """
     if not isinstance(query_centroid_scores, torch.Tensor) or query_centroid_scores.dim() != 2:
@@ -191,6 +245,16 @@ def plaid_approx_score(
         or doc_lengths.shape[0] != codes.shape[0]
     ):
         raise ValueError("doc_lengths must be [B] with B matching codes")
+    if not _is_integer(codes):
+        raise ValueError(f"codes must be an integer tensor of centroid ids, got {_kind(codes)}")
+    if not _is_integer(doc_lengths):
+        raise ValueError(f"doc_lengths must be an integer tensor, got {_kind(doc_lengths)}")
+    check_devices(query_centroid_scores=query_centroid_scores, codes=codes, doc_lengths=doc_lengths)
+    if query_centroid_scores.shape[0] == 0 and codes.numel():
+        raise ValueError(
+            "query_centroid_scores must hold at least one centroid row (out-of-range codes read "
+            "centroid 0), got shape (0, Lq)"
+        )
     chosen = select_backend(
         device=common_device([query_centroid_scores, codes, doc_lengths]), backend=backend
     )
@@ -198,7 +262,10 @@ def plaid_approx_score(
         out = torch.empty(codes.shape[0], dtype=torch.float32, device=codes.device)
         if codes.shape[0]:
             launch_plaid_approx_score(
-                query_centroid_scores.contiguous(), codes.contiguous(), doc_lengths, out
+                query_centroid_scores.contiguous(),
+                codes.contiguous(),
+                doc_lengths.contiguous(),
+                out,
             )
         return out
     qcs = query_centroid_scores.float()

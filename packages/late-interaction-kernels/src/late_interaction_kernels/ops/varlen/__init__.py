@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..maxsim import maxsim, maxsim_pairs
-from .layout import check_offsets, loop_bound, pad
+from .layout import check_devices, check_offsets, loop_bound, pad
 
 __all__ = ["maxsim_varlen", "score_pairs_packed"]
 
@@ -64,11 +64,12 @@ def maxsim_varlen(
         scores 0.
     """
     _check_packed(Q_packed, D_packed)
+    check_devices(
+        Q_packed=Q_packed, D_packed=D_packed, cu_seqlens_q=cu_seqlens_q, cu_seqlens_d=cu_seqlens_d
+    )
     Q, q_mask = _padded("q", Q_packed, cu_seqlens_q, max_seqlen_q)
     D, d_mask = _padded("d", D_packed, cu_seqlens_d, max_seqlen_d)
-    return maxsim(
-        Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
-    )
+    return maxsim(Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend)
 
 
 def score_pairs_packed(
@@ -100,17 +101,25 @@ def score_pairs_packed(
             "pair_q_idx / pair_d_idx must be matching 1-D tensors; got "
             f"{tuple(pair_q_idx.shape)} and {tuple(pair_d_idx.shape)}"
         )
+    check_devices(
+        Q_packed=Q_packed, D_packed=D_packed, cu_seqlens_q=cu_seqlens_q, cu_seqlens_d=cu_seqlens_d,
+        pair_q_idx=pair_q_idx, pair_d_idx=pair_d_idx,
+    )  # fmt: skip
     Q, q_mask = _padded("q", Q_packed, cu_seqlens_q, max_seqlen_q)
     D, d_mask = _padded("d", D_packed, cu_seqlens_d, max_seqlen_d)
     if pair_q_idx.numel():
         lo, hi, dlo, dhi = torch.stack(
             [pair_q_idx.min(), pair_q_idx.max(), pair_d_idx.min(), pair_d_idx.max()]
         ).tolist()
-        if lo < 0 or hi >= Q.shape[0] or dlo < 0 or dhi >= D.shape[0]:
-            raise ValueError(
-                f"pair indices out of range: queries in [0, {Q.shape[0]}), "
-                f"documents in [0, {D.shape[0]})"
-            )
+        for name, low, high, n, what in (
+            ("pair_q_idx", lo, hi, Q.shape[0], "queries"),
+            ("pair_d_idx", dlo, dhi, D.shape[0], "documents"),
+        ):
+            if low < 0 or high >= n:
+                raise ValueError(
+                    f"{name} must index the {n} {what} of the packed batch, i.e. lie in "
+                    f"[0, {n}); got values in [{low}, {high}]"
+                )
     qi, di = pair_q_idx.long().to(Q.device), pair_d_idx.long().to(Q.device)
     return maxsim_pairs(
         Q[qi], D[di], q_mask[qi], d_mask[di],

@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import torch
 
+from triton_dispatch import common_device
+
+
+def check_devices(**tensors) -> None:
+    """One device for every tensor argument given by keyword (others are left to the type
+    checks); the error names each argument and its device."""
+    named = {k: v for k, v in tensors.items() if isinstance(v, torch.Tensor)}
+    common_device(named.values(), names=named.keys())
+
 
 def check_offsets(name: str, cu, rows: int) -> torch.Tensor:
     """Validate ``cu`` (``(B + 1,)`` non-decreasing offsets into ``rows`` packed rows) and return
     the lengths ``(B,)`` int64."""
     if not isinstance(cu, torch.Tensor):
-        raise TypeError(f"{name} must be an integer tensor of shape (B + 1,), got {type(cu).__name__}")
+        raise TypeError(
+            f"{name} must be an integer tensor of shape (B + 1,), got {type(cu).__name__}"
+        )
     if cu.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must be int32 or int64, got {cu.dtype}")
     if cu.dim() != 1 or cu.numel() < 1:
