@@ -106,6 +106,18 @@ def test_session_matches_diffusers_per_request(sa, depth, cfg, seed):
         torch.testing.assert_close(x, _reference(sa, r), **TOL)
 
 
+def test_bucketed_padding_matches_too(sa, seed):
+    """Compile-style buckets pad T, L and the batch further than the tick does."""
+    requests = _requests(seed + 7, 5, cfg=True)
+    engine = TorchEngine(sa, max_batch=8, max_frames=64, max_cond_len=16)
+    engine._bucketed = True  # the bucketing of compile/graphs modes, run eagerly on the CPU
+    session = StreamSession(sa, engine, depth=4)
+    handles = [session.submit(Request(**r.__dict__)) for r in requests]
+    session.run_until_idle()
+    for r, h in zip(requests, handles):
+        torch.testing.assert_close(h.result, _reference(sa, r), **TOL)
+
+
 def test_padded_rows_equal_rows_alone(sa, seed):
     """A row of a padded batch (frames and states) equals the same row run unpadded."""
     gen = torch.Generator().manual_seed(seed)
