@@ -23,7 +23,7 @@ from .session import StreamSession
 
 @dataclass
 class BenchConfig:
-    model: str = "dit"  # dit | ace-step
+    model: str = "dit"  # dit | ace-step | stable-audio
     preset: str | None = None  # None: the largest on CUDA (large / published), tiny on CPU
     depth: int = 4
     steps: int = 8

@@ -13,10 +13,12 @@ from .engines.torch_engine import MODES
 from .model.registry import MODELS
 
 _MODEL_HELP = (
-    "dit: the built-in DiT; ace-step: diffusers' ACE-Step 1.5 transformer (extra diffusers)"
+    "dit: the built-in DiT; ace-step: diffusers' ACE-Step 1.5 transformer; stable-audio: "
+    "diffusers' Stable Audio Open DiT (both extra diffusers)"
 )
 _PRESET_HELP = (
-    "model size: dit tiny/small/base/large, ace-step tiny/small/published "
+    "model size: dit tiny/small/base/large, ace-step tiny/small/published, "
+    "stable-audio tiny/published "
     "(default: large / published on CUDA, tiny on CPU)"
 )
 
@@ -135,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--model", choices=MODELS, default="dit", help=_MODEL_HELP)
-    s.add_argument("--preset", default="tiny", help="model size (ace-step: tiny/small/published)")
+    s.add_argument("--preset", default="tiny", help=_PRESET_HELP)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--depth", type=int, default=4)
     s.add_argument(

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
-#: ``--model`` names; ``ace-step`` needs the ``diffusers`` extra.
-MODELS: tuple[str, ...] = ("dit", "ace-step")
+#: ``--model`` names; ``ace-step`` and ``stable-audio`` need the ``diffusers`` extra.
+MODELS: tuple[str, ...] = ("dit", "ace-step", "stable-audio")
 
 
 def default_preset(model: str, device: torch.device | str) -> str:
     """The size a bench or server uses when none is named: the largest on CUDA, the tiny on CPU."""
     on_gpu = torch.device(device).type == "cuda"
-    if model == "ace-step":
+    if model in ("ace-step", "stable-audio"):
         return "published" if on_gpu else "tiny"
     return "large" if on_gpu else "tiny"
 
@@ -26,11 +26,12 @@ def build_denoiser(
 ):
     """A seeded denoiser: ``model="dit"`` with a :data:`~stream_dit.model.PRESETS` size, or
     ``model="ace-step"`` (diffusers' ``AceStepTransformer1DModel``, sizes ``tiny``/``small``/
+    ``published``) or ``model="stable-audio"`` (diffusers' ``StableAudioDiTModel``, sizes ``tiny``/
     ``published``) with random weights.
 
     Raises:
         ValueError: for an unknown model or preset.
-        ImportError: for ``ace-step`` without the ``diffusers`` extra.
+        ImportError: for ``ace-step`` or ``stable-audio`` without the ``diffusers`` extra.
     """
     if model not in MODELS:
         raise ValueError(f"model={model!r} is not one of {MODELS}")
@@ -39,6 +40,10 @@ def build_denoiser(
         from .ace_step import build_ace_step
 
         return build_ace_step(preset, seed=seed, device=device, dtype=dtype)
+    if model == "stable-audio":
+        from .stable_audio import build_stable_audio
+
+        return build_stable_audio(preset, seed=seed, device=device, dtype=dtype)
     from .dit import build_model
 
     return build_model(preset, seed=seed, device=device, dtype=dtype)
