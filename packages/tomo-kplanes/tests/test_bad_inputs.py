@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tomo_kplanes import project_to_so3
+from tomo_kplanes import TiltGeometry, project_to_so3, project_volume, psnr, sirt, ssim
 from tomo_kplanes.ops import nearest_rotation, tilted_plane_features
 from tomo_kplanes.ops.nearest_rotation import nearest_rotation_reference
 from tomo_kplanes.ops.tilted_plane_features import tilted_plane_features_reference
@@ -68,4 +68,67 @@ def test_nearest_rotation_bad_inputs(case, seed, device):
 
 @pytest.mark.parametrize("case", bad_input_params(PROJECT_TO_SO3))
 def test_project_to_so3_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)
+
+
+# The utilities below are plain PyTorch (no kernel): each is its own float64 reference, so the kit
+# checks that hostile inputs get a clear error or the same answer as clean float64 inputs.
+def _geometry():
+    return TiltGeometry(torch.tensor([-30.0, 0.0, 30.0]), (6, 5))
+
+
+def _project(volume):
+    return project_volume(volume, _geometry(), n_samples=8)
+
+
+PROJECT_VOLUME = OpSpec(
+    "project_volume",
+    _project,
+    _project,
+    lambda gen: {"volume": randn((4, 6, 5), generator=gen)},
+    [TensorArg("volume", dtypes=FLOATS)],
+)
+
+
+def _sirt(tilt_series):
+    return sirt(tilt_series, _geometry(), (4, 6, 5), iterations=2, n_samples=8)
+
+
+SIRT = OpSpec(
+    "sirt",
+    _sirt,
+    _sirt,
+    lambda gen: {"tilt_series": randn((3, 6, 5), generator=gen).abs()},
+    [TensorArg("tilt_series", dtypes=FLOATS)],
+    tol=1e-4,  # two iterations of back-projections in fp32
+)
+
+
+def _metric_inputs(gen):
+    truth = randn((12, 12, 13), generator=gen)  # ssim needs 11 voxels per side
+    return {"truth": truth, "estimate": truth + 0.1 * randn((12, 12, 13), generator=gen)}
+
+
+def _as_tensor(fn):
+    """The metrics return Python floats; the kit compares tensors."""
+    return lambda truth, estimate: torch.tensor(fn(truth, estimate), dtype=torch.float64)
+
+
+METRICS = [
+    OpSpec(
+        name,
+        _as_tensor(fn),
+        _as_tensor(fn),
+        _metric_inputs,
+        [TensorArg("truth", dtypes=FLOATS), TensorArg("estimate", dtypes=FLOATS)],
+        tol=1e-4,
+    )
+    for name, fn in (("psnr", psnr), ("ssim", ssim))
+]
+
+
+@pytest.mark.parametrize(
+    "case", [p for spec in (PROJECT_VOLUME, SIRT, *METRICS) for p in bad_input_params(spec)]
+)
+def test_pytorch_utilities_bad_inputs(case, seed, device):
     check_bad_input(case, seed=seed, device=device)

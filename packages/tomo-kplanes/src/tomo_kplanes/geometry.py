@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._checks import real_tensor
+
 
 @dataclass
 class TiltGeometry:
@@ -150,8 +152,7 @@ def project_volume(
     chunk: int = 8192,
 ) -> torch.Tensor:
     """Tilt series ``(n_tilts, n_v, n_u)`` of a ``(Z, Y, X)`` volume (trilinear ray sampling)."""
-    if volume.dim() != 3:
-        raise ValueError(f"volume must have shape (Z, Y, X), got {tuple(volume.shape)}")
+    real_tensor("volume", volume, (3,), "(Z, Y, X)")
     n_samples = n_samples or 2 * max(volume.shape)
     flat = torch.arange(geometry.num_rays, device=volume.device)
     values = line_integrals(

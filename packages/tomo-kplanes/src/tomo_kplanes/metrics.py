@@ -7,9 +7,18 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ._checks import real_tensor, same_layout
+
+
+def _pair(truth, estimate, ranks=(1, 2, 3), layout="(2D or 3D array)"):
+    real_tensor("truth", truth, ranks, layout)
+    real_tensor("estimate", estimate, ranks, layout)
+    same_layout("estimate", estimate, "truth", truth)
+
 
 def psnr(truth: torch.Tensor, estimate: torch.Tensor, *, data_range: float | None = None) -> float:
     """Peak signal-to-noise ratio in dB; ``data_range`` defaults to ``truth.max() − truth.min()``."""
+    _pair(truth, estimate, ranks=tuple(range(1, 9)), layout="(any non-empty array)")
     truth, estimate = truth.double(), estimate.double()
     rng = float(truth.max() - truth.min()) if data_range is None else float(data_range)
     mse = float((truth - estimate).square().mean())
@@ -46,13 +55,14 @@ def ssim(
     statistics and the standard constants ``K1 = 0.01``, ``K2 = 0.03``, averaged over the voxels
     whose window lies inside the volume (the convention of ``skimage.metrics.structural_similarity``
     with ``gaussian_weights=True, use_sample_covariance=False``)."""
-    if truth.shape != estimate.shape or truth.dim() not in (2, 3):
-        raise ValueError(f"ssim needs two 2D or 3D arrays of one shape, got {truth.shape}, {estimate.shape}")
+    _pair(truth, estimate, ranks=(2, 3), layout="(2D or 3D array)")
     x, y = truth.double(), estimate.double()
     rng = float(x.max() - x.min()) if data_range is None else float(data_range)
     k = _gaussian_kernel(sigma, 3.5, x.dtype, x.device)
     if min(x.shape) < k.numel():
-        raise ValueError(f"ssim needs every side >= {k.numel()}, got {tuple(x.shape)}")
+        raise ValueError(
+            f"truth and estimate need every side >= {k.numel()} for ssim, got {tuple(x.shape)}"
+        )
     mx, my = _blur_valid(x, k), _blur_valid(y, k)
     vx = _blur_valid(x * x, k) - mx * mx
     vy = _blur_valid(y * y, k) - my * my

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import torch
 
+from ._checks import real_tensor
 from .geometry import TiltGeometry, line_integrals, sample_volume
 
 
 def _project(volume, geometry, flat, n_samples, chunk):
-    return line_integrals(lambda p: sample_volume(volume, p), geometry, flat, n_samples, chunk=chunk)
+    return line_integrals(
+        lambda p: sample_volume(volume, p), geometry, flat, n_samples, chunk=chunk
+    )
 
 
 def _backproject(values, shape, geometry, flat, n_samples, chunk, device):
@@ -36,6 +39,13 @@ def sirt(
     chunk: int = 16384,
 ) -> torch.Tensor:
     """``x ← x + λ C Aᵀ R (b − A x)`` with ``R = 1 / A1`` and ``C = 1 / Aᵀ1``."""
+    real_tensor("tilt_series", tilt_series, (3,), "(n_tilts, n_v, n_u)")
+    expected = (geometry.num_tilts, *geometry.detector_shape)
+    if tuple(tilt_series.shape) != expected:
+        raise ValueError(
+            f"tilt_series must have the geometry's shape (n_tilts, n_v, n_u) = {expected}, "
+            f"got {tuple(tilt_series.shape)}"
+        )
     device = tilt_series.device
     geometry = geometry.to(device)
     n_samples = n_samples or 2 * max(shape)
