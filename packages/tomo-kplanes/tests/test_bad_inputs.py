@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from tomo_kplanes import TiltGeometry, project_to_so3, project_volume, psnr, sirt, ssim
+from tomo_kplanes import (
+    TiltGeometry,
+    project_to_so3,
+    project_volume,
+    psnr,
+    simulate_tilt_series,
+    sirt,
+    ssim,
+)
 from tomo_kplanes.ops import nearest_rotation, tilted_plane_features
 from tomo_kplanes.ops.nearest_rotation import nearest_rotation_reference
 from tomo_kplanes.ops.tilted_plane_features import tilted_plane_features_reference
@@ -90,6 +98,19 @@ PROJECT_VOLUME = OpSpec(
 )
 
 
+def _simulate(volume):
+    return simulate_tilt_series(volume, _geometry(), n_samples=8)
+
+
+SIMULATE_TILT_SERIES = OpSpec(
+    "simulate_tilt_series",
+    _simulate,
+    _simulate,
+    lambda gen: {"volume": randn((4, 6, 5), generator=gen).abs()},
+    [TensorArg("volume", dtypes=FLOATS)],
+)
+
+
 def _sirt(tilt_series):
     return sirt(tilt_series, _geometry(), (4, 6, 5), iterations=2, n_samples=8)
 
@@ -128,7 +149,12 @@ METRICS = [
 
 
 @pytest.mark.parametrize(
-    "case", [p for spec in (PROJECT_VOLUME, SIRT, *METRICS) for p in bad_input_params(spec)]
+    "case",
+    [
+        p
+        for spec in (PROJECT_VOLUME, SIMULATE_TILT_SERIES, SIRT, *METRICS)
+        for p in bad_input_params(spec)
+    ],
 )
 def test_pytorch_utilities_bad_inputs(case, seed, device):
     check_bad_input(case, seed=seed, device=device)

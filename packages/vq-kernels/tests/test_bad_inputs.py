@@ -11,7 +11,7 @@ from triton_dispatch.testing import (
     randint,
     randn,
 )
-from vq_kernels import ema_statistics, ema_update_, quantize
+from vq_kernels import ema_statistics, ema_update_, perplexity, quantize
 from vq_kernels.ops.ema_update.reference import ema_statistics_reference, ema_update_reference_
 from vq_kernels.ops.quantize.reference import distances_reference, quantize_reference
 
@@ -127,3 +127,40 @@ def test_ema_statistics_bad_inputs(case, seed, device):
 @pytest.mark.parametrize("case", bad_input_params(EMA_UPDATE))
 def test_ema_update_bad_inputs(case, seed, device):
     check_bad_input(case, seed=seed, device=device)
+
+
+def _perplexity_reference(codes, num_codes):
+    """float64 ``exp(entropy)`` of the histogram of the codes inside ``[0, num_codes)``."""
+    flat = codes.reshape(-1).long()
+    flat = flat[(flat >= 0) & (flat < num_codes)]
+    counts = torch.zeros(num_codes, dtype=torch.float64)
+    counts.index_add_(0, flat.cpu(), torch.ones(flat.numel(), dtype=torch.float64))
+    p = counts / counts.sum().clamp_min(1)
+    return torch.exp(-(p * torch.log(p.clamp_min(1e-12))).sum())
+
+
+PERPLEXITY = OpSpec(
+    "perplexity",
+    perplexity,
+    _perplexity_reference,
+    lambda g: {"codes": randint(0, K, (L, B), generator=g), "num_codes": K},
+    [TensorArg("codes", ranks=(0, 1, 2, 3), dtypes=CODES, index_range=(0, K))],
+    tol=1e-5,
+)
+
+
+@pytest.mark.parametrize("case", bad_input_params(PERPLEXITY))
+def test_perplexity_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)
+
+
+def test_perplexity_values():
+    assert perplexity(torch.tensor([0, 1, 2, 3]), 4).item() == pytest.approx(4.0)
+    assert perplexity(torch.tensor([2, 2, 2]), 4).item() == pytest.approx(1.0)
+    # out-of-range codes take no part; no code at all gives 1
+    assert perplexity(torch.tensor([0, 1, -1, 9]), 4).item() == pytest.approx(2.0)
+    assert perplexity(torch.tensor([], dtype=torch.long), 4).item() == pytest.approx(1.0)
+    with pytest.raises(TypeError, match="codes"):
+        perplexity(torch.tensor([0.0, 1.0]), 4)
+    with pytest.raises(ValueError, match="num_codes"):
+        perplexity(torch.tensor([0, 1]), 0)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ._state_checks import check_quantizer_state
+from .ops._validation import require_integer, require_tensor
 from .ops.ema_update import _DEFAULT, DEFAULT_THRESHOLDS, SEMANTICS, ema_statistics, ema_update_
 from .ops.quantize import METRICS, quantize
 
@@ -38,8 +39,17 @@ class VQOutput(NamedTuple):
 
 def perplexity(codes: torch.Tensor, num_codes: int) -> torch.Tensor:
     """``exp(entropy)`` of the code histogram: K when codes are used uniformly, 1 when one code
-    takes everything. ``codes`` of any shape; returns a 0-d fp32 tensor."""
-    counts = torch.bincount(codes.reshape(-1).long(), minlength=num_codes).float()
+    takes everything. ``codes`` of any integer dtype and shape; codes outside ``[0, num_codes)``
+    take no part (as in the EMA statistics); no code at all gives 1. Returns a 0-d fp32 tensor."""
+    require_tensor("codes", codes)
+    require_integer("codes", codes)
+    if isinstance(num_codes, bool) or not isinstance(num_codes, int) or num_codes < 1:
+        raise ValueError(f"num_codes must be an int >= 1, got {num_codes!r}")
+    flat = codes.reshape(-1).long()
+    inside = (flat >= 0) & (flat < num_codes)
+    # out-of-range codes go to an extra bin that is dropped: no host synchronisation
+    flat = torch.where(inside, flat, torch.full_like(flat, num_codes))
+    counts = torch.bincount(flat, minlength=num_codes + 1)[:num_codes].float()
     p = counts / counts.sum().clamp_min(1)
     return torch.exp(-(p * torch.log(p.clamp_min(1e-12))).sum())
 
