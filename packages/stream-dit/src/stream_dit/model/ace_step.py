@@ -37,6 +37,7 @@ try:
     from diffusers.models.transformers.ace_step_transformer import AceStepTransformer1DModel
 
     from .ace_step_attention import diffusers_processors, use_native_processor
+    from .diffusers_common import resolve_preset, seeded_model
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "the ACE-Step adapter needs diffusers >= 0.42: pip install 'stream-dit[diffusers]'"
@@ -260,24 +261,11 @@ def build_ace_step(
         >>> adapter.latent_channels, adapter.context_channels, adapter.cond_dim
         (64, 128, 32)
     """
-    if isinstance(preset, str):
-        if preset not in ACE_STEP_PRESETS:
-            raise ValueError(f"preset={preset!r} is not one of {sorted(ACE_STEP_PRESETS)}")
-        preset = ACE_STEP_PRESETS[preset]
-    elif not isinstance(preset, AceStepPreset):
-        raise TypeError(
-            f"preset must be a preset name or an AceStepPreset, got {type(preset).__name__}"
-        )
-    device = torch.device(device)
+    preset = resolve_preset(preset, ACE_STEP_PRESETS, AceStepPreset, "an AceStepPreset")
     kwargs = {**preset.kwargs(), **overrides}
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(int(seed))
-        with device:
-            transformer = AceStepTransformer1DModel(**kwargs)
-    if dtype != torch.float32:
-        # nn.Module.to: ModelMixin.to warns about modules to keep in float32, and this model has none
-        nn.Module.to(transformer, dtype=dtype)
-    transformer.eval().requires_grad_(False)
+    transformer = seeded_model(
+        AceStepTransformer1DModel, kwargs, seed=seed, device=device, dtype=dtype
+    )
     return AceStepAdapter(transformer, seed=seed).eval()
 
 

@@ -12,11 +12,12 @@ and the parity tests hold it to the diffusers forward.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from diffusers.models.transformers import ace_step_transformer as _ace
+
+from .diffusers_common import swapped_processors
 
 
 class NativeAceStepAttnProcessor:
@@ -71,17 +72,10 @@ def use_native_processor(transformer: _ace.AceStepTransformer1DModel) -> bool:
     return True
 
 
-@contextlib.contextmanager
-def diffusers_processors(transformer: _ace.AceStepTransformer1DModel) -> Iterator[None]:
+def diffusers_processors(
+    transformer: _ace.AceStepTransformer1DModel,
+) -> contextlib.AbstractContextManager:
     """Run ``transformer`` with diffusers' own ``AceStepAttnProcessor2_0`` inside the block (the
     parity oracle), restoring the installed processors after."""
     attentions = [m for m in transformer.modules() if isinstance(m, _ace.AceStepAttention)]
-    saved = [m.processor for m in attentions]
-    original = _ace.AceStepAttnProcessor2_0()
-    try:
-        for m in attentions:
-            m.processor = original
-        yield
-    finally:
-        for m, p in zip(attentions, saved):
-            m.processor = p
+    return swapped_processors(attentions, _ace.AceStepAttnProcessor2_0())

@@ -62,6 +62,7 @@ try:
     from diffusers.models.embeddings import get_1d_rotary_pos_embed
     from diffusers.models.transformers.stable_audio_transformer import StableAudioDiTModel
 
+    from .diffusers_common import resolve_preset, seeded_model
     from .stable_audio_attention import diffusers_processors, use_native_processor
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -221,24 +222,9 @@ def build_stable_audio(
         >>> adapter.latent_channels, adapter.context_channels, adapter.cond_dim
         (8, 0, 32)
     """
-    if isinstance(preset, str):
-        if preset not in STABLE_AUDIO_PRESETS:
-            raise ValueError(f"preset={preset!r} is not one of {sorted(STABLE_AUDIO_PRESETS)}")
-        preset = STABLE_AUDIO_PRESETS[preset]
-    elif not isinstance(preset, StableAudioPreset):
-        raise TypeError(
-            f"preset must be a preset name or a StableAudioPreset, got {type(preset).__name__}"
-        )
-    device = torch.device(device)
+    preset = resolve_preset(preset, STABLE_AUDIO_PRESETS, StableAudioPreset, "a StableAudioPreset")
     kwargs = {**preset.kwargs(), **overrides}
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(int(seed))
-        with device:
-            transformer = StableAudioDiTModel(**kwargs)
-    if dtype != torch.float32:
-        # nn.Module.to: every module in the requested dtype, as the engines expect
-        nn.Module.to(transformer, dtype=dtype)
-    transformer.eval().requires_grad_(False)
+    transformer = seeded_model(StableAudioDiTModel, kwargs, seed=seed, device=device, dtype=dtype)
     return StableAudioAdapter(transformer).eval()
 
 

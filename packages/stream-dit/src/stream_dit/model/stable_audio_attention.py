@@ -13,12 +13,13 @@ The parity tests hold it to diffusers' own processor.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
 from diffusers.models.attention_processor import Attention, StableAudioAttnProcessor2_0
 from diffusers.models.embeddings import apply_rotary_emb
+
+from .diffusers_common import swapped_processors
 
 
 class NativeStableAudioAttnProcessor:
@@ -80,17 +81,7 @@ def use_native_processor(transformer: torch.nn.Module) -> int:
     return len(attentions)
 
 
-@contextlib.contextmanager
-def diffusers_processors(transformer: torch.nn.Module) -> Iterator[None]:
+def diffusers_processors(transformer: torch.nn.Module) -> contextlib.AbstractContextManager:
     """Run ``transformer`` with diffusers' own ``StableAudioAttnProcessor2_0`` inside the block
     (the parity oracle), restoring the installed processors after."""
-    attentions = _attentions(transformer)
-    saved = [m.processor for m in attentions]
-    original = StableAudioAttnProcessor2_0()
-    try:
-        for m in attentions:
-            m.processor = original
-        yield
-    finally:
-        for m, p in zip(attentions, saved):
-            m.processor = p
+    return swapped_processors(_attentions(transformer), StableAudioAttnProcessor2_0())
