@@ -15,6 +15,8 @@ import torch
 
 pytest.importorskip("diffusers")
 
+from diffusers_test_helpers import check_bf16_session_parity, relative_distance
+
 from stream_dit import Request, StreamSession, TorchEngine
 from stream_dit.model.ace_step import (
     ACE_STEP_PRESETS,
@@ -203,11 +205,6 @@ def test_cli_serve_and_demo_with_ace_step(monkeypatch, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- GPU: published size, engines
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().float().cpu(), b.detach().float().cpu()  # results come back on the host
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
 def _gpu_requests(n: int, cond_dim: int, *, cfg: bool) -> list[Request]:
     gen = torch.Generator().manual_seed(11)
     return [
@@ -230,28 +227,11 @@ def test_published_size_bf16_session_matches_diffusers_on_gpu(cfg):
     """The published ACE-Step configuration in bf16: session at depth 1, 4, 8 vs the diffusers
     model driven per request in bf16. bf16 results depend on the batch (GEMM tiling), so the bound
     is relative to bf16's own error: at most 3x the distance of the bf16 reference from fp32."""
-    fp32 = build_ace_step("published", seed=0, device="cuda", dtype=torch.float32)
-    bf16 = build_ace_step("published", seed=0, device="cuda", dtype=torch.bfloat16)
-    bf16.load_state_dict(fp32.state_dict())  # same weights, rounded
-    requests = _gpu_requests(8, bf16.cond_dim, cfg=cfg)
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        exact = [_reference(fp32, r) for r in requests]
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-    del fp32
-    torch.cuda.empty_cache()
-    ref = [_reference(bf16, r) for r in requests]
-    floor = [_rel(a, b) for a, b in zip(ref, exact)]
-    for depth in (1, 4, 8):
-        engine = TorchEngine(bf16, max_batch=2 * depth, max_frames=128, max_cond_len=32)
-        session = StreamSession(bf16, engine, depth=depth, max_queue=len(requests))
-        handles = [session.submit(Request(**r.__dict__)) for r in requests]
-        session.run_until_idle()
-        for h, want, f in zip(handles, ref, floor):
-            assert h.result is not None and torch.isfinite(h.result).all()
-            assert _rel(h.result, want) <= 3 * f + 1e-3, (depth, _rel(h.result, want), f)
+    check_bf16_session_parity(
+        lambda dtype: build_ace_step("published", seed=0, device="cuda", dtype=dtype),
+        _reference,
+        lambda cond_dim: _gpu_requests(8, cond_dim, cfg=cfg),
+    )
 
 
 @pytest.mark.gpu
@@ -270,4 +250,4 @@ def test_engines_match_eager_on_gpu(mode):
         out[m] = [h.result for h in handles]
     for got, want in zip(out[mode], out["eager"], strict=True):
         assert torch.isfinite(got).all()
-        assert _rel(got, want) < 5e-2, _rel(got, want)
+        assert relative_distance(got, want) < 5e-2, relative_distance(got, want)

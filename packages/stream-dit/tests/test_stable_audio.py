@@ -16,6 +16,8 @@ import torch
 
 pytest.importorskip("diffusers")
 
+from diffusers_test_helpers import check_bf16_session_parity
+
 from stream_dit import Request, StreamSession, TorchEngine
 from stream_dit.model.stable_audio import (
     STABLE_AUDIO_PRESETS,
@@ -321,47 +323,29 @@ def test_cli_serve_and_demo_with_stable_audio(monkeypatch, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- GPU: published size
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().float().cpu(), b.detach().float().cpu()
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("cfg", [False, True], ids=["plain", "cfg"])
 def test_published_size_bf16_session_matches_diffusers_on_gpu(cfg):
     """Stable Audio Open 1.0's DiT in bf16: session at depth 1, 4, 8 vs the diffusers model driven
     per request in bf16. bf16 results depend on the batch (GEMM tiling), so the bound is relative
     to bf16's own error: at most 3x the distance of the bf16 reference from fp32."""
-    fp32 = build_stable_audio("published", seed=0, device="cuda", dtype=torch.float32)
-    bf16 = build_stable_audio("published", seed=0, device="cuda", dtype=torch.bfloat16)
-    bf16.load_state_dict(fp32.state_dict())  # same weights, rounded
-    gen = torch.Generator().manual_seed(11)
-    requests = [
-        Request(
-            frames=100 - 7 * (i % 3),  # padded frames in every batch
-            cond=torch.randn(12 + 5 * (i % 2), bf16.cond_dim, generator=gen),
-            seed=i,
-            steps=4,
-            shift=3.0,
-            **({"cfg_type": "full", "guidance": 3.0} if cfg else {}),
-        )
-        for i in range(8)
-    ]
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        exact = [_reference(fp32, r) for r in requests]
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-    del fp32
-    torch.cuda.empty_cache()
-    ref = [_reference(bf16, r) for r in requests]
-    floor = [_rel(a, b) for a, b in zip(ref, exact)]
-    for depth in (1, 4, 8):
-        engine = TorchEngine(bf16, max_batch=2 * depth, max_frames=128, max_cond_len=32)
-        session = StreamSession(bf16, engine, depth=depth, max_queue=len(requests))
-        handles = [session.submit(Request(**r.__dict__)) for r in requests]
-        session.run_until_idle()
-        for h, want, f in zip(handles, ref, floor):
-            assert h.result is not None and torch.isfinite(h.result).all()
-            assert _rel(h.result, want) <= 3 * f + 1e-3, (depth, _rel(h.result, want), f)
+
+    def requests(cond_dim: int) -> list[Request]:
+        gen = torch.Generator().manual_seed(11)
+        return [
+            Request(
+                frames=100 - 7 * (i % 3),  # padded frames in every batch
+                cond=torch.randn(12 + 5 * (i % 2), cond_dim, generator=gen),
+                seed=i,
+                steps=4,
+                shift=3.0,
+                **({"cfg_type": "full", "guidance": 3.0} if cfg else {}),
+            )
+            for i in range(8)
+        ]
+
+    check_bf16_session_parity(
+        lambda dtype: build_stable_audio("published", seed=0, device="cuda", dtype=dtype),
+        _reference,
+        requests,
+    )
