@@ -249,15 +249,16 @@ def plaid_approx_score(
         raise ValueError(f"codes must be an integer tensor of centroid ids, got {_kind(codes)}")
     if not _is_integer(doc_lengths):
         raise ValueError(f"doc_lengths must be an integer tensor, got {_kind(doc_lengths)}")
-    check_devices(query_centroid_scores=query_centroid_scores, codes=codes, doc_lengths=doc_lengths)
+    device = common_device(
+        [query_centroid_scores, codes, doc_lengths],
+        names=["query_centroid_scores", "codes", "doc_lengths"],
+    )
     if query_centroid_scores.shape[0] == 0 and codes.numel():
         raise ValueError(
             "query_centroid_scores must hold at least one centroid row (out-of-range codes read "
             "centroid 0), got shape (0, Lq)"
         )
-    chosen = select_backend(
-        device=common_device([query_centroid_scores, codes, doc_lengths]), backend=backend
-    )
+    chosen = select_backend(device=device, backend=backend)
     if uses_triton(chosen) and query_centroid_scores.dtype != torch.float64:
         out = torch.empty(codes.shape[0], dtype=torch.float32, device=codes.device)
         if codes.shape[0]:
