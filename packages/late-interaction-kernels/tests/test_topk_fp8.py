@@ -127,6 +127,40 @@ def test_fp8_kernel_on_stand_in_operands(dtype, scales, rng):
     assert_close(got, maxsim_fp8_reference(Q, D, sq, sd, q_mask, d_mask), dtype=dtype)
 
 
+@pytest.mark.skipif(
+    not interpreter_enabled(), reason="stand-in operands run only in the interpreter"
+)
+@pytest.mark.parametrize("ld", [16, 37])  # whole document tiles only, and a partial last tile
+@pytest.mark.parametrize("scales", ["tensor", "token"])
+def test_fp8_kernel_invalid_scales_give_nan(scales, ld, rng):
+    Q, D, q_mask, d_mask = _collection(rng, 2, 3, 5, ld, 32, dtype=torch.float32)
+    q_mask[:, :2], d_mask[2, ld - 1] = True, True  # live tokens hold the bad scales
+    if scales == "token":
+        sq, sd = torch.rand(2, 5, generator=rng) + 0.5, torch.rand(3, ld, generator=rng) + 0.5
+        sq[0, 1], sd[1, 2], sd[2, ld - 1] = -0.5, float("inf"), float("nan")
+    else:
+        sq, sd = torch.tensor(-0.7), torch.tensor(1.3)
+    got = maxsim_inference_fp8(
+        Q, D, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask, backend="interpret"
+    )
+    want = maxsim_fp8_reference(Q, D, sq, sd, q_mask, d_mask)
+    assert want.isnan().any()
+    # NaN exactly where the reference has it: a masked token's scale takes no part
+    assert torch.equal(got.isnan(), want.isnan())
+    finite = ~want.isnan()
+    assert_close(got[finite], want[finite], dtype=torch.float32)
+
+
+def test_fp8_invalid_scales_read_as_nan_on_the_host(rng):
+    Q, D, _, _ = _collection(rng, 2, 3, 4, 5, 16)
+    Qq, sq = quantize_fp8_per_token(Q)
+    Dq, sd = quantize_fp8_per_tensor(D)
+    sq[1, 0] = -sq[1, 0]
+    got = maxsim_inference_fp8(Qq, Dq, scale_Q=sq, scale_D=sd)
+    assert got[1].isnan().all() and got[0].isfinite().all()
+    assert maxsim_inference_fp8(Qq, Dq, scale_Q=sq, scale_D=torch.tensor(float("inf"))).isnan().all()
+
+
 def test_fp8_bad_inputs(rng):
     Q = torch.randn(2, 3, 8, generator=rng).to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match="scale_Q must be"):

@@ -14,7 +14,7 @@ from triton_dispatch import common_device, device_facts, select_backend, uses_tr
 
 from ..maxsim import maxsim
 from ..maxsim.buffers import output_buffer
-from .reference import dequantize, quantize
+from .reference import dequantize, quantize, valid_scale
 
 __all__ = [
     "FP8_MIN_CAPABILITY",
@@ -123,7 +123,9 @@ def maxsim_inference_fp8(
         Q: ``(Nq, Lq, d)`` or ``(Lq, d)``, ``torch.float8_e4m3fn`` (or ``float8_e5m2``).
         D: ``(Nd, Ld, d)`` or ``(Ld, d)`` in the same dtype.
         scale_Q, scale_D: float32, one element (per tensor) or ``(N, L)`` (per token), as
-            returned by the ``quantize_fp8_*`` functions; finite (``ValueError`` otherwise).
+            returned by the ``quantize_fp8_*`` functions. A scale that is negative, NaN or
+            infinite makes every score that uses it NaN (values are not checked: that would
+            synchronise with the host on every call).
         q_mask, d_mask: bool masks, True = valid token (rules of ``maxsim``).
         backend: keyword-only addition: ``"triton"``, ``"interpret"`` or ``"torch"``. The
             interpreter has no 8-bit floats: there the kernel takes fp16/fp32 stand-ins and
@@ -154,13 +156,9 @@ def maxsim_inference_fp8(
         if s.dim() or s.device.type != "cpu"
     )
     device = common_device(named.values(), names=named.keys())
+    # No value check here (it would cost a host synchronisation per call): a scale that is
+    # negative, NaN or infinite makes the scores that use it NaN, on every backend.
     sq, sd = sq.to(device), sd.to(device)
-    # a NaN or inf scale has no meaning, and its products depend on the order of operations
-    # (the kernel scales the dot products, the reference the tokens): refused, one synchronisation
-    finite = torch.stack([torch.isfinite(sq).all(), torch.isfinite(sd).all()]).tolist()
-    for name, ok in zip(("scale_Q", "scale_D"), finite):
-        if not ok:
-            raise ValueError(f"{name} must be finite; it holds NaN or inf")
     chosen = select_backend(device=device, backend=backend)
     is_fp8 = Q.dtype in _FP8
     if chosen == "triton" and not is_fp8:
@@ -177,8 +175,8 @@ def maxsim_inference_fp8(
         if uses_triton(chosen) and (chosen == "triton" or not is_fp8):
             scores = _launch(Q, D, sq, sd, q_mask, d_mask)
         else:
-            Qd = dequantize(Q, sq, per_token=sq.dim() > 0)
-            Dd = dequantize(D, sd, per_token=sd.dim() > 0)
+            Qd = dequantize(Q, valid_scale(sq), per_token=sq.dim() > 0)
+            Dd = dequantize(D, valid_scale(sd), per_token=sd.dim() > 0)
             scores = maxsim(Qd, Dd, q_mask, d_mask, backend="torch")
     if q_2d:
         scores = scores.squeeze(0)
@@ -206,13 +204,11 @@ def _launch(Q, D, sq, sd, q_mask, d_mask) -> torch.Tensor:
     # fp8 dots need K >= 32 on the tensor cores
     block_k = max(padded_dim(dim), 32)
     block_q = 16 if interp else min(max(padded_dim(lq), 16), 128)
-    block_d = 16 if interp else 64
     fp8_maxsim_kernel[(nq * nd,)](
         Qc, Dc, sq, sd, qm, dm, out,
         nd, lq, ld, dim,
         Q_PER_TOKEN=sq.dim() > 0, D_PER_TOKEN=sd.dim() > 0, HAS_QM=q_mask is not None,
         HAS_DM=d_mask is not None, IEEE=Q.dtype == torch.float32,
-        BLOCK_Q=block_q, BLOCK_D=block_d, BLOCK_K=block_k,
-        num_warps=4, num_stages=3,
+        BLOCK_Q=block_q, BLOCK_K=block_k,
     )  # fmt: skip
     return out

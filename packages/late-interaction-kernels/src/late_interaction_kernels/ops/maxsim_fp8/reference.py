@@ -37,9 +37,18 @@ def dequantize(X_fp8: torch.Tensor, scale: torch.Tensor, per_token: bool) -> tor
     return X_fp8.to(torch.float32) * (scale.unsqueeze(-1) if per_token else scale)
 
 
+def valid_scale(scale: torch.Tensor) -> torch.Tensor:
+    """``scale`` with every entry that is negative, NaN or infinite replaced by NaN: such a scale
+    has no meaning (quantisation gives finite positive scales), and the scores that use it are NaN
+    whatever order the products are taken in."""
+    return torch.where(torch.isfinite(scale) & (scale >= 0), scale, scale.new_tensor(float("nan")))
+
+
 def maxsim_fp8_reference(Q, D, scale_Q, scale_D, q_mask=None, d_mask=None) -> torch.Tensor:
     """``(Nq, Nd)`` MaxSim of the dequantised ``Q (Nq, Lq, d)`` and ``D (Nd, Ld, d)``; a scale is
-    ``()`` (per tensor) or ``(N, L)`` (per token). Computed in float64."""
-    Qd = Q.to(torch.float64) * (scale_Q.double()[..., None] if scale_Q.dim() else scale_Q.double())
-    Dd = D.to(torch.float64) * (scale_D.double()[..., None] if scale_D.dim() else scale_D.double())
+    ``()`` (per tensor) or ``(N, L)`` (per token), read through :func:`valid_scale`. Computed in
+    float64."""
+    sq, sd = valid_scale(scale_Q.double()), valid_scale(scale_D.double())
+    Qd = Q.to(torch.float64) * (sq[..., None] if sq.dim() else sq)
+    Dd = D.to(torch.float64) * (sd[..., None] if sd.dim() else sd)
     return maxsim_reference(Qd, Dd, q_mask, d_mask)
