@@ -24,7 +24,9 @@ from late_interaction_kernels.topk import maxsim_topk
 from triton_dispatch.backend import interpreter_enabled
 from triton_dispatch.testing import assert_close
 
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim:DeprecationWarning"
+)
 
 
 def _collection(rng, nq, nd, lq, ld, dim, dtype=torch.float32, device="cpu"):
@@ -64,6 +66,14 @@ def test_fused_topk_matches_reference(largest, normalize, masks, rng):
         q_mask = d_mask = None
     got = maxsim_topk(Q, D, 4, q_mask, d_mask, normalize=normalize, largest=largest)
     _check_topk(got, Q, D, 4, q_mask, d_mask, normalize, largest)
+
+
+@pytest.mark.parametrize(("nq", "lq", "ld"), [(5, 7, 32), (3, 20, 17)])
+def test_fused_topk_with_several_queries_per_program(nq, lq, ld, rng):
+    # several queries share one program's tile, padded queries included (8 slots for 5)
+    Q, D, q_mask, d_mask = _collection(rng, nq, 11, lq, ld, 16)
+    got = maxsim_topk(Q, D, 3, q_mask, d_mask)
+    _check_topk(got, Q, D, 3, q_mask, d_mask, False, True)
 
 
 def test_topk_ties_and_k_above_nd(rng):
@@ -158,7 +168,9 @@ def test_fp8_invalid_scales_read_as_nan_on_the_host(rng):
     sq[1, 0] = -sq[1, 0]
     got = maxsim_inference_fp8(Qq, Dq, scale_Q=sq, scale_D=sd)
     assert got[1].isnan().all() and got[0].isfinite().all()
-    assert maxsim_inference_fp8(Qq, Dq, scale_Q=sq, scale_D=torch.tensor(float("inf"))).isnan().all()
+    assert (
+        maxsim_inference_fp8(Qq, Dq, scale_Q=sq, scale_D=torch.tensor(float("inf"))).isnan().all()
+    )
 
 
 def test_fp8_bad_inputs(rng):
@@ -178,24 +190,27 @@ from compile_for_hopper import compile_one
 from late_interaction_kernels.ops.maxsim_topk.kernels import topk_kernel
 from late_interaction_kernels.ops.maxsim_fp8.kernels import fp8_maxsim_kernel
 topk = {{"Q": "*bf16", "D": "*bf16", "QM": "*u8", "DM": "*u8", "OUT_KEY": "*fp32",
-        "OUT_IDX": "*i64", "lq": "i32", "ld": "i32", "dim": "i32", "nd": "i32",
+        "OUT_IDX": "*i64", "nq": "i32", "lq": "i32", "ld": "i32", "dim": "i32", "nd": "i32",
         "docs_per_prog": "i32"}}
-for norm, largest in ((True, True), (False, False)):
+for norm, largest, queries, block_d in ((True, True, 1, 64), (False, False, 4, 128)):
     compile_one(topk_kernel, topk, dict(HAS_QM=True, HAS_DM=True, NORMALIZE=norm,
-                LARGEST=largest, UPCAST=False, IEEE=False, NORM_EPS=1e-12, BLOCK_Q=32,
-                BLOCK_D=64, BLOCK_K=128, K_PAD=128))
+                LARGEST=largest, UPCAST=False, IEEE=False, NORM_EPS=1e-12, QUERIES=queries,
+                BLOCK_Q=32, BLOCK_D=block_d, BLOCK_K=128, K_PAD=128))
 fp8 = {{"Q": "*fp8e4nv", "D": "*fp8e4nv", "SQ": "*fp32", "SD": "*fp32", "QM": "*u8",
        "DM": "*u8", "OUT": "*fp32", "nd": "i32", "lq": "i32", "ld": "i32", "dim": "i32"}}
 for per_token in (True, False):
     compile_one(fp8_maxsim_kernel, fp8, dict(Q_PER_TOKEN=per_token, D_PER_TOKEN=per_token,
-                HAS_QM=per_token, HAS_DM=per_token, IEEE=False, BLOCK_Q=128, BLOCK_D=64,
-                BLOCK_K=128))
+                HAS_QM=per_token, HAS_DM=per_token, IEEE=False, BLOCK_Q=128,
+                BLOCK_D=64 if per_token else 128, BLOCK_K=128))
 """
     )
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("nq", "nd", "lq", "ld", "k"), [(1, 5000, 32, 300, 100), (3, 700, 20, 77, 10)])
+@pytest.mark.parametrize(
+    ("nq", "nd", "lq", "ld", "k"),
+    [(1, 5000, 32, 300, 100), (3, 700, 20, 77, 10), (16, 2000, 32, 300, 50), (5, 900, 100, 64, 7)],
+)
 def test_topk_gpu_bf16(nq, nd, lq, ld, k, rng):
     Q, D, q_mask, d_mask = _collection(rng, nq, nd, lq, ld, 128, torch.bfloat16, "cuda")
     got = maxsim_topk(Q, D, k, q_mask, d_mask, normalize=True)

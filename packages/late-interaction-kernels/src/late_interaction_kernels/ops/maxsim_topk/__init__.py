@@ -28,7 +28,9 @@ def _as_batch(x, name: str, rank: int):
     if x.dim() == rank - 1:
         return x.unsqueeze(0)
     if x.dim() != rank:
-        raise ValueError(f"{name} must have {rank - 1} or {rank} dimensions, got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must have {rank - 1} or {rank} dimensions, got shape {tuple(x.shape)}"
+        )
     return x
 
 

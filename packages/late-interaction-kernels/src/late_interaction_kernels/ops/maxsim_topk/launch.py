@@ -45,17 +45,30 @@ def kernel_takes(Q, D, k, q_mask, d_mask) -> bool:
     )
 
 
-def programs_per_query(nq: int, nd: int, device: torch.device) -> int:
+#: Query-token rows one program stacks into its tile (queries that fit, whole).
+ROWS_PER_PROGRAM = 128
+
+
+def queries_per_program(nq: int, lq: int) -> int:
+    """Queries scored together by one program: each document tile is then read once for all of
+    them (a batch of 16 queries reads the collection 4 times, not 16)."""
+    fit = max(ROWS_PER_PROGRAM // max(padded_dim(lq), 16), 1)
+    return min(next_power_of_2(nq), fit)
+
+
+def programs_per_query(groups: int, nd: int, device: torch.device) -> int:
     if interpreter_enabled():
         return min(nd, 3)
     target = PROGRAMS_PER_SM * device_facts(device).sm_count
-    return max(1, min(nd, triton.cdiv(target, nq)))
+    return max(1, min(nd, triton.cdiv(target, groups)))
 
 
 def fused_topk(Q, D, k, q_mask, d_mask, normalize, largest, sorted_):
     nq, lq, dim = Q.shape
     nd, ld, _ = D.shape
-    progs = programs_per_query(nq, nd, Q.device)
+    queries = queries_per_program(nq, lq)
+    groups = triton.cdiv(nq, queries)
+    progs = programs_per_query(groups, nd, Q.device)
     per_prog = triton.cdiv(nd, progs)
     progs = triton.cdiv(nd, per_prog)
     k_pad = max(next_power_of_2(k), 2)
@@ -65,16 +78,14 @@ def fused_topk(Q, D, k, q_mask, d_mask, normalize, largest, sorted_):
     Qc, Dc = Q.contiguous(), D.contiguous()
     qm = Qc if q_mask is None else q_mask.contiguous().view(torch.uint8)
     dm = Dc if d_mask is None else d_mask.contiguous().view(torch.uint8)
-    block_d = 16 if interpreter_enabled() else 64
-    topk_kernel[(nq, progs)](
+    topk_kernel[(groups, progs)](
         Qc, Dc, qm, dm, keys, idx,
-        lq, ld, dim, nd, per_prog,
+        nq, lq, ld, dim, nd, per_prog,
         HAS_QM=q_mask is not None, HAS_DM=d_mask is not None, NORMALIZE=bool(normalize),
         LARGEST=bool(largest), UPCAST=upcast, IEEE=ieee, NORM_EPS=NORM_EPS,
-        BLOCK_Q=max(padded_dim(lq), 16), BLOCK_D=block_d, BLOCK_K=max(padded_dim(dim), 16),
+        QUERIES=queries, BLOCK_Q=max(padded_dim(lq), 16), BLOCK_K=max(padded_dim(dim), 16),
         K_PAD=k_pad,
     )  # fmt: skip
     top, where = keys.view(nq, -1).topk(k, dim=1, sorted=sorted_)
     scores = top if largest else -top
     return scores, idx.view(nq, -1).gather(1, where)
-
