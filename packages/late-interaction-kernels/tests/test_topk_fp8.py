@@ -140,6 +140,21 @@ def test_fp8_kernel_on_stand_in_operands(dtype, scales, rng):
 @pytest.mark.skipif(
     not interpreter_enabled(), reason="stand-in operands run only in the interpreter"
 )
+@pytest.mark.parametrize("scales", ["tensor", "token"])
+def test_fp8_kernel_runs_of_documents(scales, rng):
+    # 7 documents over 3 programs (runs of 3, 3 and 1), partial last tiles, two query blocks
+    Q, D, q_mask, d_mask = _collection(rng, 2, 7, 20, 37, 32, dtype=torch.float16)
+    sq = torch.rand(2, 20, generator=rng) + 0.5 if scales == "token" else torch.tensor(0.9)
+    sd = torch.rand(7, 37, generator=rng) + 0.5 if scales == "token" else torch.tensor(1.1)
+    got = maxsim_inference_fp8(
+        Q, D, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask, backend="interpret"
+    )
+    assert_close(got, maxsim_fp8_reference(Q, D, sq, sd, q_mask, d_mask), dtype=torch.float16)
+
+
+@pytest.mark.skipif(
+    not interpreter_enabled(), reason="stand-in operands run only in the interpreter"
+)
 @pytest.mark.parametrize("ld", [16, 37])  # whole document tiles only, and a partial last tile
 @pytest.mark.parametrize("scales", ["tensor", "token"])
 def test_fp8_kernel_invalid_scales_give_nan(scales, ld, rng):
@@ -197,7 +212,8 @@ for norm, largest, queries, block_d in ((True, True, 1, 64), (False, False, 4, 1
                 LARGEST=largest, UPCAST=False, IEEE=False, NORM_EPS=1e-12, QUERIES=queries,
                 BLOCK_Q=32, BLOCK_D=block_d, BLOCK_K=128, K_PAD=128))
 fp8 = {{"Q": "*fp8e4nv", "D": "*fp8e4nv", "SQ": "*fp32", "SD": "*fp32", "QM": "*u8",
-       "DM": "*u8", "OUT": "*fp32", "nd": "i32", "lq": "i32", "ld": "i32", "dim": "i32"}}
+       "DM": "*u8", "OUT": "*fp32", "nd": "i32", "lq": "i32", "ld": "i32", "dim": "i32",
+       "docs_per_prog": "i32"}}
 for per_token in (True, False):
     compile_one(fp8_maxsim_kernel, fp8, dict(Q_PER_TOKEN=per_token, D_PER_TOKEN=per_token,
                 HAS_QM=per_token, HAS_DM=per_token, IEEE=False, BLOCK_Q=128,
@@ -225,10 +241,20 @@ def test_fp8_gpu(scales, rng):
             x = torch.zeros(1, 2, 32, device="cuda", dtype=torch.float8_e4m3fn)
             maxsim_inference_fp8(x, x, scale_Q=torch.tensor(1.0), scale_D=torch.tensor(1.0))
         return
-    Q, D, q_mask, d_mask = _collection(rng, 2, 300, 32, 100, 128, device="cuda")
-    Q, D = F.normalize(Q, dim=-1), F.normalize(D, dim=-1)
-    quantize = quantize_fp8_per_token if scales == "token" else quantize_fp8_per_tensor
-    (Qq, sq), (Dq, sd) = quantize(Q), quantize(D)
-    got = maxsim_inference_fp8(Qq, Dq, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask)
-    want = maxsim_fp8_reference(Qq.cpu(), Dq.cpu(), sq.cpu(), sd.cpu(), q_mask.cpu(), d_mask.cpu())
-    assert_close(got.cpu(), want, tol=1e-4, name="fp8 kernel vs dequantised float64")
+    # short queries, and queries of two 128-token blocks (partial scores summed afterwards)
+    for nq, nd, lq, ld in ((2, 300, 32, 100), (3, 2000, 200, 77)):
+        Q, D, q_mask, d_mask = _collection(rng, nq, nd, lq, ld, 128, device="cuda")
+        Q, D = F.normalize(Q, dim=-1), F.normalize(D, dim=-1)
+        quantize = quantize_fp8_per_token if scales == "token" else quantize_fp8_per_tensor
+        (Qq, sq), (Dq, sd) = quantize(Q), quantize(D)
+        want = maxsim_fp8_reference(
+            Qq.cpu(), Dq.cpu(), sq.cpu(), sd.cpu(), q_mask.cpu(), d_mask.cpu()
+        )
+        for masks in ((q_mask, d_mask), (None, None)):
+            if masks[0] is None:
+                want = maxsim_fp8_reference(Qq.cpu(), Dq.cpu(), sq.cpu(), sd.cpu())
+            for _ in range(2):  # the first call builds the launch plan, the second replays it
+                got = maxsim_inference_fp8(
+                    Qq, Dq, scale_Q=sq, scale_D=sd, q_mask=masks[0], d_mask=masks[1]
+                )
+                assert_close(got.cpu(), want, tol=1e-4, name="fp8 kernel vs dequantised float64")

@@ -9,8 +9,10 @@ other devices the scores are computed from the dequantised tokens in PyTorch.
 from __future__ import annotations
 
 import torch
+import triton
 
 from triton_dispatch import common_device, device_facts, select_backend, uses_triton
+from triton_dispatch.launch import KernelLaunch, PlanCache, call_key
 
 from ..maxsim import maxsim
 from ..maxsim.buffers import output_buffer
@@ -137,7 +139,23 @@ def maxsim_inference_fp8(
     Raises:
         RuntimeError: CUDA tensors on a GPU below compute capability 8.9 (no float8 ``tl.dot``).
     """
-    q_2d, d_2d = Q.dim() == 2, D.dim() == 2
+    if not torch.compiler.is_compiling():
+        key = call_key((Q, D, scale_Q, scale_D, q_mask, d_mask), backend)
+        if key is not None:
+            plan = _PLANS.get(key, lambda: _plan(Q, D, scale_Q, scale_D, q_mask, d_mask, backend))
+            return plan(Q, D, scale_Q, scale_D, q_mask, d_mask)
+    return _score(Q, D, scale_Q, scale_D, q_mask, d_mask, backend)
+
+
+_PLANS: PlanCache = PlanCache("late_interaction_kernels.maxsim_inference_fp8")
+
+#: Programs per SM the kernel's grid aims for; each takes a run of documents.
+PROGRAMS_PER_SM = 8
+
+
+def _resolve(Q, D, scale_Q, scale_D, q_mask, d_mask, backend):
+    """Every metadata check: batched ``Q``, ``D``, their float32 scales on the device, masks, and
+    the backend."""
     Q, sq, _ = _batch(Q, scale_Q, "Q")
     D, sd, _ = _batch(D, scale_D, "D")
     if Q.shape[-1] != D.shape[-1]:
@@ -171,26 +189,59 @@ def maxsim_inference_fp8(
                 f"{device_facts(Q.device).name} is {found[0]}.{found[1]}. Score the bf16 "
                 "embeddings with late_interaction_kernels.maxsim instead."
             )
-    with torch.no_grad():
-        if uses_triton(chosen) and (chosen == "triton" or not is_fp8):
-            scores = _launch(Q, D, sq, sd, q_mask, d_mask)
-        else:
-            Qd = dequantize(Q, valid_scale(sq), per_token=sq.dim() > 0)
-            Dd = dequantize(D, valid_scale(sd), per_token=sd.dim() > 0)
-            scores = maxsim(Qd, Dd, q_mask, d_mask, backend="torch")
-    if q_2d:
+    return Q, D, sq, sd, q_mask, d_mask, chosen
+
+
+def _squeezed(scores, Q, D):
+    if Q.dim() == 2:
         scores = scores.squeeze(0)
-    if d_2d:
+    if D.dim() == 2:
         scores = scores.squeeze(-1)
     return scores
 
 
-def _launch(Q, D, sq, sd, q_mask, d_mask) -> torch.Tensor:
+def _score(Q, D, scale_Q, scale_D, q_mask, d_mask, backend) -> torch.Tensor:
+    """The validating path, on every backend."""
+    Qb, Db, sq, sd, qm, dm, chosen = _resolve(Q, D, scale_Q, scale_D, q_mask, d_mask, backend)
+    with torch.no_grad():
+        if uses_triton(chosen) and (chosen == "triton" or Qb.dtype not in _FP8):
+            scores = _launch(Qb, Db, sq, sd, qm, dm)
+        else:
+            Qd = dequantize(Qb, valid_scale(sq), per_token=sq.dim() > 0)
+            Dd = dequantize(Db, valid_scale(sd), per_token=sd.dim() > 0)
+            scores = maxsim(Qd, Dd, qm, dm, backend="torch")
+    return _squeezed(scores, Q, D)
+
+
+def _geometry(Q, D, sq, sd, q_mask, d_mask) -> tuple[dict, tuple[int, int], int, int]:
+    """The kernel's bound arguments, its grid, the query blocks and the output rows."""
     from triton_dispatch import interpreter_enabled, padded_dim
 
+    nq, lq, dim = Q.shape
+    nd, ld, _ = D.shape
+    interp = interpreter_enabled()
+    # fp8 dots need K >= 32 on the tensor cores
+    block_k = max(padded_dim(dim), 32)
+    block_q = 16 if interp else min(max(padded_dim(lq), 16), 128)
+    query_blocks = triton.cdiv(lq, block_q)
+    rows = nq * query_blocks
+    if interp:
+        runs = min(nd, 3)
+    else:
+        runs = max(1, min(nd, triton.cdiv(PROGRAMS_PER_SM * device_facts(Q.device).sm_count, rows)))
+    per_run = triton.cdiv(nd, runs)
+    bound = dict(
+        nd=nd, lq=lq, ld=ld, dim=dim, docs_per_prog=per_run,
+        Q_PER_TOKEN=sq.dim() > 0, D_PER_TOKEN=sd.dim() > 0, HAS_QM=q_mask is not None,
+        HAS_DM=d_mask is not None, IEEE=Q.dtype == torch.float32, BLOCK_Q=block_q, BLOCK_K=block_k,
+    )  # fmt: skip
+    return bound, (rows, triton.cdiv(nd, per_run)), query_blocks, rows
+
+
+def _launch(Q, D, sq, sd, q_mask, d_mask) -> torch.Tensor:
     from .kernels import fp8_maxsim_kernel
 
-    nq, lq, dim = Q.shape
+    nq, lq, _ = Q.shape
     nd, ld, _ = D.shape
     out = output_buffer((nq, nd), dtype=torch.float32, device=Q.device)
     if nq == 0 or nd == 0:
@@ -200,15 +251,50 @@ def _launch(Q, D, sq, sd, q_mask, d_mask) -> torch.Tensor:
     Qc, Dc = Q.contiguous(), D.contiguous()
     qm = Qc if q_mask is None else q_mask.contiguous().view(torch.uint8)
     dm = Dc if d_mask is None else d_mask.contiguous().view(torch.uint8)
-    interp = interpreter_enabled()
-    # fp8 dots need K >= 32 on the tensor cores
-    block_k = max(padded_dim(dim), 32)
-    block_q = 16 if interp else min(max(padded_dim(lq), 16), 128)
-    fp8_maxsim_kernel[(nq * nd,)](
-        Qc, Dc, sq, sd, qm, dm, out,
-        nd, lq, ld, dim,
-        Q_PER_TOKEN=sq.dim() > 0, D_PER_TOKEN=sd.dim() > 0, HAS_QM=q_mask is not None,
-        HAS_DM=d_mask is not None, IEEE=Q.dtype == torch.float32,
-        BLOCK_Q=block_q, BLOCK_K=block_k,
-    )  # fmt: skip
-    return out
+    bound, grid, query_blocks, rows = _geometry(Qc, Dc, sq, sd, q_mask, d_mask)
+    partial = out if query_blocks == 1 else torch.empty(rows, nd, device=Q.device)
+    fp8_maxsim_kernel[grid](Qc, Dc, sq.contiguous(), sd.contiguous(), qm, dm, partial, **bound)
+    return out if query_blocks == 1 else torch.sum(partial.view(nq, query_blocks, nd), 1, out=out)
+
+
+def _plan(Q, D, scale_Q, scale_D, q_mask, d_mask, backend):
+    """The eager plan of a validated call: contiguous float8 inputs on CUDA bind the kernel's
+    launch (grid, tuned config and constexprs fixed); everything else runs :func:`_score`."""
+    Qb, Db, sq, sd, qm, dm, chosen = _resolve(Q, D, scale_Q, scale_D, q_mask, d_mask, backend)
+    nq, lq, _ = Qb.shape
+    nd, ld, _ = Db.shape
+    direct = (
+        chosen == "triton"
+        and nq * nd * lq * ld > 0
+        and all(t.is_contiguous() for t in (Q, D, scale_Q, scale_D))
+        and all(m is None or m.is_contiguous() for m in (q_mask, d_mask))
+    )
+    if not direct:
+        return lambda Q, D, scale_Q, scale_D, q_mask, d_mask: _score(
+            Q, D, scale_Q, scale_D, q_mask, d_mask, backend
+        )
+    from .kernels import fp8_maxsim_kernel
+
+    device = Qb.device
+    bound, grid, query_blocks, rows = _geometry(Qb, Db, sq, sd, qm, dm)
+    launch = KernelLaunch(fp8_maxsim_kernel, grid, bound, device=device)
+    # scales already on the device in float32 are read in place; others are moved per call
+    moves = [s.device != device or s.dtype != torch.float32 for s in (scale_Q, scale_D)]
+    shape = (nq, nd) if query_blocks == 1 else (rows, nd)
+
+    def run(Q, D, scale_Q, scale_D, q_mask, d_mask):
+        if moves[0]:
+            scale_Q = scale_Q.to(device=device, dtype=torch.float32)
+        if moves[1]:
+            scale_D = scale_D.to(device=device, dtype=torch.float32)
+        out = torch.empty(shape, device=device)
+        launch(
+            Q, D, scale_Q, scale_D,
+            Q if q_mask is None else q_mask.view(torch.uint8),
+            D if d_mask is None else d_mask.view(torch.uint8), out,
+        )  # fmt: skip
+        if query_blocks > 1:
+            out = out.view(nq, query_blocks, nd).sum(1)
+        return _squeezed(out, Q, D)
+
+    return run

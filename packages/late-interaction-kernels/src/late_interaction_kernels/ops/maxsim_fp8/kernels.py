@@ -1,8 +1,8 @@
 """Triton kernel of FP8 MaxSim inference.
 
-Program ``i * Nd + j`` scores query ``i`` against document ``j``: query tiles of ``BLOCK_Q`` tokens
-against document tiles of ``BLOCK_D`` tokens, one ``tl.dot`` on the stored 8-bit operands with a
-float32 accumulator. The same kernel runs fp16/fp32 operands, which is how the Triton interpreter (it
+A program scores one block of ``BLOCK_Q`` query tokens against a run of documents, tiles of
+``BLOCK_D`` document tokens at a time, one ``tl.dot`` on the stored 8-bit operands with a float32
+accumulator; queries longer than one block write one partial score per block, summed afterwards. The same kernel runs fp16/fp32 operands, which is how the Triton interpreter (it
 has no 8-bit floats) tests the tiling, masking and scale handling on CPU.
 
 At 8 bits the tensor cores are fast enough that the per-element work after the dot decides the
@@ -12,9 +12,7 @@ speed, so the kernel keeps it to one instruction where it can:
   ``max`` per element) and is reduced over the document axis once per document, not per tile;
 * per-tensor scales and the query's per-token scale are applied after that reduction (a valid
   scale is ``>= 0``, so it commutes with the maximum); only a per-token document scale multiplies
-  every element;
-* the column mask is applied only on the document's last, partial tile (and on every tile when a
-  document mask is given).
+  every element.
 
 A scale that is negative, NaN or infinite is read as NaN, so every score that uses it is NaN
 (``reference.valid_scale`` is the same rule in PyTorch).
@@ -45,7 +43,7 @@ def _valid_scale(s):
 @triton.jit
 def _fold_tile(
     acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok,
-    D_PER_TOKEN: tl.constexpr, HAS_DM: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr,
+    D_PER_TOKEN: tl.constexpr, HAS_DM: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     t = t0 + cols
     t_ok = t < ld
@@ -56,8 +54,7 @@ def _fold_tile(
         s = s * sd[None, :]
     if HAS_DM:
         t_ok = t_ok & (tl.load(DM + j * ld + t, mask=t_ok, other=0) != 0)
-    if MASKED or HAS_DM:
-        s = tl.where(t_ok[None, :], s, float("-inf"))
+    s = tl.where(t_ok[None, :], s, float("-inf"))
     # NaN wins, so a NaN token or scale reaches the score as it does in the reference
     return max_nan(acc, s)
 
@@ -70,45 +67,50 @@ def _fold_tile(
 @triton.jit
 def fp8_maxsim_kernel(
     Q, D, SQ, SD, QM, DM, OUT,
-    nd, lq, ld, dim,
+    nd, lq, ld, dim, docs_per_prog,
     Q_PER_TOKEN: tl.constexpr, D_PER_TOKEN: tl.constexpr, HAS_QM: tl.constexpr,
     HAS_DM: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # one flat grid axis: the second axis of a CUDA grid stops at 65535 documents
-    pid = tl.program_id(0).to(tl.int64)
-    i = pid // nd
-    j = pid % nd
+    # program (i * query_blocks + b, p): query block b of query i against the p-th run of
+    # documents; it writes OUT[i * query_blocks + b, j] for each document j of its run
+    iq = tl.program_id(0)
+    p = tl.program_id(1)
+    query_blocks = tl.cdiv(lq, BLOCK_Q)
+    i = iq // query_blocks
+    rows = (iq - i * query_blocks) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    row_ok = rows < lq
     ks = tl.arange(0, BLOCK_K)
     k_ok = ks < dim
     cols = tl.arange(0, BLOCK_D)
-    full = (ld // BLOCK_D) * BLOCK_D
-    total = tl.zeros([BLOCK_Q], tl.float32)
-    for q0 in range(0, lq, BLOCK_Q):
-        rows = q0 + tl.arange(0, BLOCK_Q)
-        row_ok = rows < lq
-        q = load_rows(Q, i * lq + rows, row_ok, ks, k_ok, dim, False)
-        if Q_PER_TOKEN:
-            scale = _valid_scale(tl.load(SQ + i * lq + rows, mask=row_ok, other=0.0))
-        else:
-            scale = tl.zeros([BLOCK_Q], tl.float32) + _valid_scale(tl.load(SQ))
-        if not D_PER_TOKEN:
-            scale = scale * _valid_scale(tl.load(SD))
-        live = row_ok
-        if HAS_QM:
-            live = live & (tl.load(QM + i * lq + rows, mask=row_ok, other=0) != 0)
-        acc = tl.full([BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
-        for t0 in range(0, full, BLOCK_D):
-            acc = _fold_tile(
-                acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok,
-                D_PER_TOKEN, HAS_DM, False, IEEE,
-            )  # fmt: skip
-        if full < ld:
-            acc = _fold_tile(
-                acc, q, D, SD, DM, j, full, ld, dim, cols, ks, k_ok,
-                D_PER_TOKEN, HAS_DM, True, IEEE,
-            )  # fmt: skip
-        best = tl.reduce(acc, 1, max_nan)
-        # a query token with no valid document token adds 0, whatever its scale
-        total += tl.where(live & (best != float("-inf")), best * scale, 0.0)
-    tl.store(OUT + pid, tl.sum(total, 0))
+    q_rows = i.to(tl.int64) * lq + rows
+    q = load_rows(Q, q_rows, row_ok, ks, k_ok, dim, False)
+    if Q_PER_TOKEN:
+        scale = _valid_scale(tl.load(SQ + q_rows, mask=row_ok, other=0.0))
+    else:
+        scale = tl.zeros([BLOCK_Q], tl.float32) + _valid_scale(tl.load(SQ))
+    if not D_PER_TOKEN:
+        scale = scale * _valid_scale(tl.load(SD))
+    live = row_ok
+    if HAS_QM:
+        live = live & (tl.load(QM + q_rows, mask=row_ok, other=0) != 0)
+    # int64 document offsets: Nd * Ld * d passes 2**31 on large collections
+    start = p.to(tl.int64) * docs_per_prog
+    count = tl.minimum(start + docs_per_prog, nd) - start
+    n_tiles = tl.cdiv(ld, BLOCK_D)
+    acc = tl.full([BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
+    # (document, tile) pairs as one flat loop: the software pipeline prefetches the next
+    # document's first tile while the current document finishes
+    for step in range(0, count * n_tiles):
+        jj = step // n_tiles
+        t0 = (step - jj * n_tiles) * BLOCK_D
+        j = start + jj
+        acc = _fold_tile(
+            acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, IEEE
+        )
+        if t0 + BLOCK_D >= ld:  # the document's last tile: its maxima are complete
+            best = tl.reduce(acc, 1, max_nan)
+            # a query token with no valid document token adds 0, whatever its scale
+            part = tl.sum(tl.where(live & (best != float("-inf")), best * scale, 0.0), 0)
+            tl.store(OUT + iq.to(tl.int64) * nd + j, part)
+            acc = tl.full([BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
