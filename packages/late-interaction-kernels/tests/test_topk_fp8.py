@@ -141,11 +141,17 @@ def test_fp8_kernel_on_stand_in_operands(dtype, scales, rng):
     not interpreter_enabled(), reason="stand-in operands run only in the interpreter"
 )
 @pytest.mark.parametrize("scales", ["tensor", "token"])
-def test_fp8_kernel_runs_of_documents(scales, rng):
-    # 7 documents over 3 programs (runs of 3, 3 and 1), partial last tiles, two query blocks
-    Q, D, q_mask, d_mask = _collection(rng, 2, 7, 20, 37, 32, dtype=torch.float16)
-    sq = torch.rand(2, 20, generator=rng) + 0.5 if scales == "token" else torch.tensor(0.9)
-    sd = torch.rand(7, 37, generator=rng) + 0.5 if scales == "token" else torch.tensor(1.1)
+@pytest.mark.parametrize(
+    ("nq", "lq", "ld"),
+    [(2, 20, 37), (3, 5, 37), (3, 5, 140)],
+    ids=["two-query-blocks", "stacked-queries", "long-documents"],
+)
+def test_fp8_kernel_runs_of_documents(scales, nq, lq, ld, rng):
+    # 7 documents over 3 programs (runs of 3, 3 and 1) with partial last tiles; a query of two
+    # token blocks, 3 short queries stacked in one program (4 slots), documents past the flat loop
+    Q, D, q_mask, d_mask = _collection(rng, nq, 7, lq, ld, 32, dtype=torch.float16)
+    sq = torch.rand(nq, lq, generator=rng) + 0.5 if scales == "token" else torch.tensor(0.9)
+    sd = torch.rand(7, ld, generator=rng) + 0.5 if scales == "token" else torch.tensor(1.1)
     got = maxsim_inference_fp8(
         Q, D, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask, backend="interpret"
     )
@@ -212,11 +218,12 @@ for norm, largest, queries, block_d in ((True, True, 1, 64), (False, False, 4, 1
                 LARGEST=largest, UPCAST=False, IEEE=False, NORM_EPS=1e-12, QUERIES=queries,
                 BLOCK_Q=32, BLOCK_D=block_d, BLOCK_K=128, K_PAD=128))
 fp8 = {{"Q": "*fp8e4nv", "D": "*fp8e4nv", "SQ": "*fp32", "SD": "*fp32", "QM": "*u8",
-       "DM": "*u8", "OUT": "*fp32", "nd": "i32", "lq": "i32", "ld": "i32", "dim": "i32",
-       "docs_per_prog": "i32"}}
+       "DM": "*u8", "OUT": "*fp32", "nq": "i32", "nd": "i32", "lq": "i32", "ld": "i32",
+       "dim": "i32", "docs_per_prog": "i32"}}
 for per_token in (True, False):
     compile_one(fp8_maxsim_kernel, fp8, dict(Q_PER_TOKEN=per_token, D_PER_TOKEN=per_token,
-                HAS_QM=per_token, HAS_DM=per_token, IEEE=False, BLOCK_Q=128,
+                HAS_QM=per_token, HAS_DM=per_token, IEEE=False, FLAT=per_token,
+                QUERIES=1 if per_token else 4, BLOCK_Q=128 if per_token else 32,
                 BLOCK_D=64 if per_token else 128, BLOCK_K=128))
 """
     )
@@ -241,8 +248,14 @@ def test_fp8_gpu(scales, rng):
             x = torch.zeros(1, 2, 32, device="cuda", dtype=torch.float8_e4m3fn)
             maxsim_inference_fp8(x, x, scale_Q=torch.tensor(1.0), scale_D=torch.tensor(1.0))
         return
-    # short queries, and queries of two 128-token blocks (partial scores summed afterwards)
-    for nq, nd, lq, ld in ((2, 300, 32, 100), (3, 2000, 200, 77)):
+    # short queries, queries of two 128-token blocks (partial scores summed afterwards), a batch
+    # of short queries stacked per program, long documents (the nested loop)
+    for nq, nd, lq, ld in (
+        (2, 300, 32, 100),
+        (3, 2000, 200, 77),
+        (16, 500, 32, 300),
+        (2, 200, 32, 1024),
+    ):
         Q, D, q_mask, d_mask = _collection(rng, nq, nd, lq, ld, 128, device="cuda")
         Q, D = F.normalize(Q, dim=-1), F.normalize(D, dim=-1)
         quantize = quantize_fp8_per_token if scales == "token" else quantize_fp8_per_tensor

@@ -1,7 +1,8 @@
 """Triton kernel of FP8 MaxSim inference.
 
-A program scores one block of ``BLOCK_Q`` query tokens against a run of documents, tiles of
-``BLOCK_D`` document tokens at a time, one ``tl.dot`` on the stored 8-bit operands with a float32
+A program scores a block of query tokens (several short queries stacked, or one block of
+``BLOCK_Q`` tokens of a long query) against a run of documents, tiles of ``BLOCK_D`` document
+tokens at a time, one ``tl.dot`` on the stored 8-bit operands with a float32
 accumulator; queries longer than one block write one partial score per block, summed afterwards. The same kernel runs fp16/fp32 operands, which is how the Triton interpreter (it
 has no 8-bit floats) tests the tiling, masking and scale handling on CPU.
 
@@ -61,56 +62,78 @@ def _fold_tile(
 
 @autotune(
     _CONFIGS,
-    key=["BLOCK_Q", "BLOCK_K", "D_PER_TOKEN", "HAS_DM"],
+    key=["QUERIES", "BLOCK_Q", "BLOCK_K", "D_PER_TOKEN", "HAS_DM", "FLAT"],
     interpret_config=_INTERPRET_CONFIG,
 )
 @triton.jit
 def fp8_maxsim_kernel(
     Q, D, SQ, SD, QM, DM, OUT,
-    nd, lq, ld, dim, docs_per_prog,
+    nq, nd, lq, ld, dim, docs_per_prog,
     Q_PER_TOKEN: tl.constexpr, D_PER_TOKEN: tl.constexpr, HAS_QM: tl.constexpr,
-    HAS_DM: tl.constexpr, IEEE: tl.constexpr,
+    HAS_DM: tl.constexpr, IEEE: tl.constexpr, FLAT: tl.constexpr, QUERIES: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    # program (i * query_blocks + b, p): query block b of query i against the p-th run of
-    # documents; it writes OUT[i * query_blocks + b, j] for each document j of its run
+    # program (g * query_blocks + b, p): token block b of the QUERIES queries of group g (their
+    # tokens stacked into one tile, so each document tile is read once for all of them) against
+    # the p-th run of documents; it writes OUT[query * query_blocks + b, j] for each document j
     iq = tl.program_id(0)
     p = tl.program_id(1)
     query_blocks = tl.cdiv(lq, BLOCK_Q)
-    i = iq // query_blocks
-    rows = (iq - i * query_blocks) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    row_ok = rows < lq
+    g = iq // query_blocks
+    b = iq - g * query_blocks
+    r = tl.arange(0, QUERIES * BLOCK_Q)
+    query = g * QUERIES + r // BLOCK_Q
+    token = b * BLOCK_Q + r % BLOCK_Q
+    row_ok = (token < lq) & (query < nq)
     ks = tl.arange(0, BLOCK_K)
     k_ok = ks < dim
     cols = tl.arange(0, BLOCK_D)
-    q_rows = i.to(tl.int64) * lq + rows
+    q_rows = query.to(tl.int64) * lq + token
     q = load_rows(Q, q_rows, row_ok, ks, k_ok, dim, False)
     if Q_PER_TOKEN:
         scale = _valid_scale(tl.load(SQ + q_rows, mask=row_ok, other=0.0))
     else:
-        scale = tl.zeros([BLOCK_Q], tl.float32) + _valid_scale(tl.load(SQ))
+        scale = tl.zeros([QUERIES * BLOCK_Q], tl.float32) + _valid_scale(tl.load(SQ))
     if not D_PER_TOKEN:
         scale = scale * _valid_scale(tl.load(SD))
     live = row_ok
     if HAS_QM:
         live = live & (tl.load(QM + q_rows, mask=row_ok, other=0) != 0)
+    qs = g * QUERIES + tl.arange(0, QUERIES)
+    out_rows = (qs.to(tl.int64) * query_blocks + b) * nd
+    out_ok = qs < nq
     # int64 document offsets: Nd * Ld * d passes 2**31 on large collections
     start = p.to(tl.int64) * docs_per_prog
     count = tl.minimum(start + docs_per_prog, nd) - start
-    n_tiles = tl.cdiv(ld, BLOCK_D)
-    acc = tl.full([BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
-    # (document, tile) pairs as one flat loop: the software pipeline prefetches the next
-    # document's first tile while the current document finishes
-    for step in range(0, count * n_tiles):
-        jj = step // n_tiles
-        t0 = (step - jj * n_tiles) * BLOCK_D
-        j = start + jj
-        acc = _fold_tile(
-            acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, IEEE
-        )
-        if t0 + BLOCK_D >= ld:  # the document's last tile: its maxima are complete
-            best = tl.reduce(acc, 1, max_nan)
-            # a query token with no valid document token adds 0, whatever its scale
-            part = tl.sum(tl.where(live & (best != float("-inf")), best * scale, 0.0), 0)
-            tl.store(OUT + iq.to(tl.int64) * nd + j, part)
-            acc = tl.full([BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
+    acc = tl.full([QUERIES * BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
+    if FLAT:
+        # short documents: (document, tile) pairs as one loop, so the software pipeline prefetches
+        # the next document's first tile while the current document finishes
+        n_tiles = tl.cdiv(ld, BLOCK_D)
+        for step in range(0, count * n_tiles):
+            jj = step // n_tiles
+            t0 = (step - jj * n_tiles) * BLOCK_D
+            j = start + jj
+            acc = _fold_tile(
+                acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, IEEE
+            )
+            if t0 + BLOCK_D >= ld:  # the document's last tile: its maxima are complete
+                _store_scores(OUT, acc, scale, live, out_rows + j, out_ok, QUERIES, BLOCK_Q)
+                acc = tl.full([QUERIES * BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
+    else:
+        for jj in range(0, count):
+            j = start + jj
+            for t0 in range(0, ld, BLOCK_D):
+                acc = _fold_tile(
+                    acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, IEEE
+                )
+            _store_scores(OUT, acc, scale, live, out_rows + j, out_ok, QUERIES, BLOCK_Q)
+            acc = tl.full([QUERIES * BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
+
+
+@triton.jit
+def _store_scores(OUT, acc, scale, live, where, ok, QUERIES: tl.constexpr, BLOCK_Q: tl.constexpr):
+    best = tl.reduce(acc, 1, max_nan)
+    # a query token with no valid document token adds 0, whatever its scale
+    per_token = tl.where(live & (best != float("-inf")), best * scale, 0.0)
+    tl.store(OUT + where, tl.sum(tl.reshape(per_token, [QUERIES, BLOCK_Q]), 1), mask=ok)
