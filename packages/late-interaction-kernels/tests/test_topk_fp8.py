@@ -255,6 +255,7 @@ def test_fp8_gpu(scales, rng):
         (3, 2000, 200, 77),
         (16, 500, 32, 300),
         (2, 200, 32, 1024),
+        (2, 100, 32, 1100),
     ):
         Q, D, q_mask, d_mask = _collection(rng, nq, nd, lq, ld, 128, device="cuda")
         Q, D = F.normalize(Q, dim=-1), F.normalize(D, dim=-1)

@@ -44,7 +44,7 @@ def _valid_scale(s):
 @triton.jit
 def _fold_tile(
     acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok,
-    D_PER_TOKEN: tl.constexpr, HAS_DM: tl.constexpr, IEEE: tl.constexpr,
+    D_PER_TOKEN: tl.constexpr, HAS_DM: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr,
 ):  # fmt: skip
     t = t0 + cols
     t_ok = t < ld
@@ -55,7 +55,8 @@ def _fold_tile(
         s = s * sd[None, :]
     if HAS_DM:
         t_ok = t_ok & (tl.load(DM + j * ld + t, mask=t_ok, other=0) != 0)
-    s = tl.where(t_ok[None, :], s, float("-inf"))
+    if MASKED or HAS_DM:
+        s = tl.where(t_ok[None, :], s, float("-inf"))
     # NaN wins, so a NaN token or scale reaches the score as it does in the reference
     return max_nan(acc, s)
 
@@ -115,18 +116,27 @@ def fp8_maxsim_kernel(
             t0 = (step - jj * n_tiles) * BLOCK_D
             j = start + jj
             acc = _fold_tile(
-                acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, IEEE
+                acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, True, IEEE
             )
             if t0 + BLOCK_D >= ld:  # the document's last tile: its maxima are complete
                 _store_scores(OUT, acc, scale, live, out_rows + j, out_ok, QUERIES, BLOCK_Q)
                 acc = tl.full([QUERIES * BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
     else:
+        # long documents: whole tiles without the column mask (per-token scales make the mask a
+        # second per-element pass), then the partial last tile
+        full = (ld // BLOCK_D) * BLOCK_D
         for jj in range(0, count):
             j = start + jj
-            for t0 in range(0, ld, BLOCK_D):
+            for t0 in range(0, full, BLOCK_D):
                 acc = _fold_tile(
-                    acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, IEEE
-                )
+                    acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, False,
+                    IEEE,
+                )  # fmt: skip
+            if full < ld:
+                acc = _fold_tile(
+                    acc, q, D, SD, DM, j, full, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, True,
+                    IEEE,
+                )  # fmt: skip
             _store_scores(OUT, acc, scale, live, out_rows + j, out_ok, QUERIES, BLOCK_Q)
             acc = tl.full([QUERIES * BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
 
