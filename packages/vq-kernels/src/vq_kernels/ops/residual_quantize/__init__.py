@@ -196,6 +196,7 @@ class _ResidualQuantizeFunction(torch.autograd.Function):
         return quantized, codes, level_codes, residuals, loss
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out, _codes, _level_codes, _residuals, grad_loss):
         residuals, level_codes = ctx.saved_tensors
         need_x, need_codebooks = ctx.needs_input_grad[:2]

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_dispatch import autotune, config_space, device_facts, interpreter_enabled, shape_bucket
+from triton_dispatch import autotune, config_space, interpreter_enabled, shape_bucket
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
 from ..quantize.kernels import k_splits, nearest_code_scan
@@ -39,18 +39,6 @@ def fused_fits(batch: int, num_codes: int, levels: int, device: torch.device) ->
     """Whether the one-launch kernel serves a search of ``batch`` rows in ``levels × num_codes``
     codes (else the op runs the one-level search level by level)."""
     return levels * num_codes <= FUSED_MAX_SERIAL_CODES or k_splits(batch, num_codes, device) == 1
-
-
-def _row_block(batch: int, device: torch.device) -> int:
-    """Rows per program: the smallest tile that still leaves at most two programs per SM (64 at
-    most), so a small batch spreads over the GPU: every program walks all codes of all levels."""
-    if interpreter_enabled():
-        return 16
-    sm_count = device_facts(device).sm_count
-    for block in (16, 32):
-        if triton.cdiv(batch, block) <= 2 * sm_count:
-            return block
-    return 64
 
 
 @autotune(
@@ -156,7 +144,10 @@ class ResidualQuantizePlan:
             precision = "ieee"  # bf16/fp16 products are exact in fp32 accumulation anyway
         else:
             precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "tf32x3"
-        block_b = _row_block(batch, device)
+        # 64 rows per program, the smallest tile of quantize's space: its tensor-core instruction
+        # shape (wgmma on Hopper) as well as its chunk of D, so the distances are its own. A
+        # program's time is its walk over L·K codes, which smaller row tiles would not shorten.
+        block_b = 16 if interpreting else 64
         self.programs = triton.cdiv(batch, block_b)
         self.shape = (batch, dim, levels)
         self.dtype, self.device = dtype, device
