@@ -1,5 +1,7 @@
 """Time a residual-VQ training step (3 levels x 256 codes x 64 dims: search, losses, backward and
-the EMA update) with the fused kernels against the same module on the PyTorch reference path.
+the EMA update): the module on the fused search against the same module on the PyTorch reference
+path and on the per-level search, and the step captured as one CUDA graph (CapturedStep) against
+the eager step. Each record has GPU time (do_bench) and wall time per call.
 
     python3 packages/vq-kernels/benchmarks/rvq_step.py --out rvq.json [--quick]
 """
@@ -11,6 +13,7 @@ import sys
 
 import torch
 
+from triton_dispatch import CapturedStep
 from triton_dispatch.bench import benchmark_arguments, compare, report
 from vq_kernels import ResidualVQ
 
@@ -25,23 +28,44 @@ def main() -> None:
         ours_module = ResidualVQ(64, 256, 3).to(device)
         ref_module = copy.deepcopy(ours_module)
         ref_module.backend = "torch"
+        levels_module = copy.deepcopy(ours_module)
+        levels_module.fused = False
+        graphed_module = copy.deepcopy(ours_module)
         x = torch.randn(batch, 64, device=device, requires_grad=True)
+        # the captured step reads its own input (its backward accumulates into its own .grad)
+        static_x = x.detach().clone().requires_grad_()
 
-        def step(module):
+        def step(module, x=x):
             out = module(x)
-            (out.quantized.square().mean() + out.loss).backward()
+            loss = out.quantized.square().mean() + out.loss
+            loss.backward()
+            return loss
 
         shape = {"B": batch, "L": 3, "K": 256, "D": 64}
-        records.append(
-            compare(
-                "rvq_step",
-                shape,
-                ours=lambda: step(ours_module),
-                baseline=lambda: step(ref_module),
-                baseline_name="module, reference path",
-                device=device,
+        eager = lambda: step(ours_module)
+        cases = [
+            ("rvq_step", eager, lambda: step(ref_module), "module, reference path"),
+            (
+                "rvq_step fused search",
+                eager,
+                lambda: step(levels_module),
+                "module, one quantize per level",
+            ),
+        ]
+        if device.type == "cuda":
+            captured = CapturedStep(lambda: step(graphed_module, static_x), warmup=3)
+            cases.append(("rvq_step captured", captured, eager, "eager step (fused search)"))
+        for name, ours, baseline, baseline_name in cases:
+            records.append(
+                compare(
+                    name,
+                    shape,
+                    ours=ours,
+                    baseline=baseline,
+                    baseline_name=baseline_name,
+                    device=device,
+                )
             )
-        )
     report(records, args.out, meta={"command": " ".join(sys.argv)})
 
 

@@ -1,5 +1,6 @@
 """CUDA-only checks: compiled kernels at realistic sizes, bf16/fp16 inputs, determinism with
-contended atomics, torch.compile with Inductor, and CUDA-graph capture."""
+contended atomics, torch.compile with Inductor, and CUDA-graph capture (of an update, and of a
+whole ResidualVQ training step)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ import pytest
 import torch
 from vq_test_helpers import assert_state_matches, make_state, reference_step
 
-from triton_dispatch.testing import randint, randn
-from vq_kernels import DEFAULT_THRESHOLDS, ResidualVQ, ema_update_, quantize
+from triton_dispatch import CapturedStep
+from triton_dispatch.testing import assert_close, randint, randn
+from vq_kernels import DEFAULT_THRESHOLDS, ResidualVQ, ema_update_, quantize, residual_quantize
 from vq_kernels.ops.quantize.reference import distances_reference
 
 pytestmark = pytest.mark.gpu
@@ -135,3 +137,141 @@ def test_cuda_graph_capture_of_a_training_update(rng):
     ema_update_(x, codes, *reference, dead_threshold=None)
     for a, b in zip(state, reference):
         torch.testing.assert_close(a, b)
+
+
+# ---- residual_quantize and the whole-step capture ---------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+@pytest.mark.parametrize(
+    "shape",
+    # (N, L, K, D): the benchmark's step; a large batch with wide rows; a small batch with a large
+    # codebook (the per-level search with K splits); one level with D above the register cap of
+    # a row-in-registers design
+    [(640, 3, 256, 64), (5000, 2, 1000, 130), (100, 4, 4096, 64), (33, 1, 7, 300)],
+)
+def test_residual_quantize_on_cuda(shape, metric, dtype, rng):
+    batch, levels, num_codes, dim = shape
+    x = randn((batch, dim), generator=rng).to(dtype).cuda().requires_grad_()
+    codebooks = randn((levels, num_codes, dim), generator=rng).cuda()
+    out = residual_quantize(x, codebooks, metric=metric, commitment_weight=0.25)
+    cb = codebooks.to(dtype)
+    residual = x.detach()
+    total = torch.zeros_like(residual)
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for level in range(levels):
+        # the residual each level saw is the per-level PyTorch loop's, to the bit (x's dtype)
+        assert torch.equal(out.inputs[level], residual), level
+        d = distances_reference(residual.double(), cb[level].double(), metric)
+        chosen = d.gather(1, out.codes[:, level : level + 1])[:, 0]
+        best = d.min(1).values
+        assert ((chosen - best) <= tol * (1 + best.abs())).all(), level
+        q = cb[level][out.codes[:, level]]
+        residual = residual - q
+        total = total + q
+    assert torch.equal(out.level_codes, out.codes.T)
+    assert torch.equal(out.quantized, x.detach() + (total - x.detach()))
+    after = torch.cat([out.inputs[1:], residual[None]])  # r_1 .. r_L
+    want_loss = 0.25 * after.float().square().sum() / x.numel()
+    assert_close(out.loss, want_loss, dtype=torch.float32, tol=1e-4, name="loss")
+    upstream = randn((batch, dim), generator=rng).to(dtype).cuda()
+    (grad,) = torch.autograd.grad(
+        [out.quantized, out.loss], [x], [upstream, torch.tensor(3.0).cuda()]
+    )
+    want = upstream.float() + (3.0 * 2 * 0.25 / x.numel()) * after.float().sum(0)
+    assert_close(grad, want.to(dtype), dtype=dtype, name="grad of x")
+
+
+def test_residual_quantize_separated_inputs_exact_on_cuda(rng):
+    """Coarse-to-fine codebooks and inputs built from one code per level: every level's code is
+    known, and the fused search, the per-level search and the picks agree exactly."""
+    levels, num_codes, dim, batch = 3, 256, 64, 3000
+    codebooks = torch.stack(
+        [randn((num_codes, dim), generator=rng, scale=s) for s in (100.0, 10.0, 1.0)]
+    ).cuda()
+    picks = randint(0, num_codes, (batch, levels), generator=rng).cuda()
+    x = sum(codebooks[level][picks[:, level]] for level in range(levels))
+    x = x + randn((batch, dim), generator=rng, scale=1e-3).cuda()
+    out = residual_quantize(x, codebooks)
+    assert torch.equal(out.codes, picks)
+    residual = x
+    for level in range(levels):
+        codes, q = quantize(residual, codebooks[level])
+        assert torch.equal(codes, picks[:, level])
+        residual = residual - q
+
+
+def test_fused_module_step_equals_the_per_level_path_on_cuda(rng):
+    torch.manual_seed(0)
+    fused = ResidualVQ(64, 256, 3, dead_threshold=None).cuda()
+    levels = copy.deepcopy(fused)
+    levels.fused = False
+    codebooks = fused.codebook.clone()
+    picks = randint(0, 256, (640, 3), generator=rng).cuda()
+    scales = torch.tensor([100.0, 10.0, 1.0], device="cuda")[:, None, None]
+    with torch.no_grad():  # coarse-to-fine codebooks so that no code is a near tie
+        fused.codebook.mul_(scales)
+        levels.codebook.mul_(scales)
+        codebooks = fused.codebook.clone()
+    x = sum(codebooks[level][picks[:, level]] for level in range(3))
+    x = (x + randn((640, 64), generator=rng, scale=1e-2).cuda()).requires_grad_()
+    a, b = fused(x), levels(x)
+    assert torch.equal(a.codes, picks) and torch.equal(b.codes, picks)
+    assert torch.equal(a.quantized, b.quantized)
+    torch.testing.assert_close(a.loss, b.loss)
+    ga = torch.autograd.grad(a.quantized.square().mean() + a.loss, x)[0]
+    gb = torch.autograd.grad(b.quantized.square().mean() + b.loss, x)[0]
+    torch.testing.assert_close(ga, gb)
+    for name in ("codebook", "cluster_size", "embed_sum", "steps_since_active"):
+        torch.testing.assert_close(getattr(fused, name), getattr(levels, name))
+
+
+def test_captured_training_step_replays_the_eager_steps(rng):
+    """Forward, loss, backward and EMA update (restarts on) captured with CapturedStep: every
+    replay equals an eager step of a twin module fed the same batch, with its own generator."""
+    state = ("codebook", "cluster_size", "embed_sum", "steps_since_active")
+
+    def make():
+        torch.manual_seed(0)
+        generator = torch.Generator(device="cuda").manual_seed(7)
+        return ResidualVQ(64, 256, 3, dead_threshold=2, generator=generator).cuda(), generator
+
+    graphed, generator = make()
+    eager, _ = make()
+    # batches crowded around a few points: most codes go unused and are restarted
+    batches = [randn((640, 64), generator=rng, scale=0.3).cuda() + 2.0 * (i % 2) for i in range(8)]
+    static_x = torch.zeros(640, 64, device="cuda", requires_grad=True)
+    static_grad = torch.zeros(640, 64, device="cuda")
+    outputs = {}
+
+    def step(module, x):
+        out = module(x)
+        loss = out.quantized.square().mean() + out.loss
+        (grad,) = torch.autograd.grad(loss, x)
+        return out, loss, grad
+
+    def captured_body():
+        out, loss, grad = step(graphed, static_x)
+        static_grad.copy_(grad)
+        outputs.update(codes=out.codes, quantized=out.quantized, restarted=out.restarted)
+        return loss.detach()
+
+    captured = CapturedStep(captured_body, warmup=2, generators=[generator])
+    restarts = 0
+    for i, batch in enumerate(batches):
+        with torch.no_grad():
+            static_x.copy_(batch)
+        loss = captured()
+        out, want_loss, want_grad = step(eager, batch.clone().requires_grad_())
+        torch.cuda.synchronize()
+        assert torch.equal(outputs["codes"], out.codes), i
+        assert torch.equal(outputs["restarted"], out.restarted), i
+        torch.testing.assert_close(outputs["quantized"], out.quantized)
+        torch.testing.assert_close(loss, want_loss.detach())
+        torch.testing.assert_close(static_grad, want_grad)
+        for name in state:
+            torch.testing.assert_close(getattr(graphed, name), getattr(eager, name), msg=name)
+        restarts += int(out.restarted.sum())
+    assert captured.captured
+    assert restarts > 0  # the replayed steps drew restart rows from the registered generator

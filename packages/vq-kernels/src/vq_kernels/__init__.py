@@ -7,6 +7,8 @@ Public API:
   refresh, dead-code counter and restarts), for one codebook or a stack of them;
 * :func:`ema_statistics` — per-code counts and sums without a ``(B, K)`` one-hot;
 * :func:`quantize` — nearest code(s) with distance and argmin fused;
+* :func:`residual_quantize` — every level of a residual quantizer in one launch, with the
+  straight-through output, the losses and the stacked inputs of the EMA update;
 * :class:`VectorQuantizer`, :class:`ResidualVQ` — nn.Modules over them; :func:`perplexity`.
 """
 
@@ -15,6 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 from .modules import ResidualVQ, VectorQuantizer, VQOutput, perplexity
 from .ops.ema_update import DEFAULT_THRESHOLDS, SEMANTICS, ema_statistics, ema_update_
 from .ops.quantize import METRICS, quantize
+from .ops.residual_quantize import ResidualQuantized, residual_quantize
 
 try:
     __version__ = version("vq-kernels")
@@ -25,6 +28,7 @@ __all__ = [
     "DEFAULT_THRESHOLDS",
     "METRICS",
     "SEMANTICS",
+    "ResidualQuantized",
     "ResidualVQ",
     "VQOutput",
     "VectorQuantizer",
@@ -33,4 +37,5 @@ __all__ = [
     "ema_update_",
     "perplexity",
     "quantize",
+    "residual_quantize",
 ]

@@ -15,6 +15,7 @@ from ._state_checks import check_quantizer_state
 from .ops._validation import require_integer, require_tensor
 from .ops.ema_update import _DEFAULT, DEFAULT_THRESHOLDS, SEMANTICS, ema_statistics, ema_update_
 from .ops.quantize import METRICS, quantize
+from .ops.residual_quantize import residual_quantize
 
 __all__ = ["ResidualVQ", "VQOutput", "VectorQuantizer", "perplexity"]
 
@@ -78,6 +79,15 @@ class ResidualVQ(nn.Module):
         process_group: a ``torch.distributed`` group: EMA statistics (and k-means statistics) are
             all-reduced over it and restart rows come from group rank 0, so ranks stay identical.
         backend: kernel backend for every op (``None``: automatic).
+        generator: a ``torch.Generator`` on the codebooks' device for the restart draws (and the
+            k-means++ seeds). To capture a training step as a CUDA graph, list it in
+            :class:`triton_dispatch.graphs.CapturedStep`'s ``generators``.
+        fused: search every level in one :func:`vq_kernels.residual_quantize` call (default);
+            False runs one :func:`vq_kernels.quantize` call per level (the step that initialises
+            the codebooks by k-means always does).
+
+    The forward never synchronises with the host and, once the codebooks are initialised, takes
+    no branch on tensor values, so a whole training step can be captured as a CUDA graph.
     """
 
     def __init__(
@@ -99,6 +109,7 @@ class ResidualVQ(nn.Module):
         process_group=None,
         backend: str | None = None,
         generator: torch.Generator | None = None,
+        fused: bool = True,
     ) -> None:
         super().__init__()
         if dim < 1 or codebook_size < 1 or num_levels < 1:
@@ -122,6 +133,7 @@ class ResidualVQ(nn.Module):
         self.metric, self.kmeans_init, self.kmeans_iters = metric, kmeans_init, kmeans_iters
         self.deterministic, self.process_group, self.backend = deterministic, process_group, backend
         self.generator = generator
+        self.fused = fused
 
         init = torch.randn(num_levels, codebook_size, dim)
         if ema:
@@ -200,12 +212,9 @@ class ResidualVQ(nn.Module):
     def _search(self, residual: torch.Tensor, level: int):
         return quantize(residual, self.codebook[level], metric=self.metric, backend=self.backend)
 
-    def forward(self, x: torch.Tensor) -> VQOutput:
-        if x.dim() < 1 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (..., {self.dim}), got {tuple(x.shape)}")
-        lead = x.shape[:-1]
-        flat = x.reshape(-1, self.dim)
-        init_now = self.training and not self._initialized and flat.shape[0] > 0
+    def _levels(self, flat: torch.Tensor, init_now: bool):
+        """The per-level path: one :func:`quantize` call per level, the losses written out (and
+        k-means initialisation of each level on the residual it sees)."""
         residual = flat
         quantized = torch.zeros_like(flat)
         loss = flat.new_zeros((), dtype=torch.float32)
@@ -226,11 +235,40 @@ class ResidualVQ(nn.Module):
             self.initialized.fill_(True)
             self._initialized = True
         codes_t = torch.stack(codes, -1)
+        # Straight-through: the value of the quantized vector, the gradient of the identity to x.
+        # A learned codebook gets its gradient from the codebook loss only.
+        out = flat + (quantized - flat).detach()
+        return out, codes_t, loss, torch.stack(inputs), codes_t.T
+
+    def _fused(self, flat: torch.Tensor):
+        """The fused path: every level, the straight-through output and both losses from
+        :func:`residual_quantize`, inputs and codes already stacked for the EMA update."""
+        res = residual_quantize(
+            flat,
+            self.codebook,
+            metric=self.metric,
+            commitment_weight=self.commitment_weight,
+            codebook_weight=0.0 if self.ema else 1.0,
+            backend=self.backend,
+        )
+        loss = res.loss if res.loss.dtype == torch.float32 else res.loss.float()
+        return res.quantized, res.codes, loss, res.inputs, res.level_codes
+
+    def forward(self, x: torch.Tensor) -> VQOutput:
+        if x.dim() < 1 or x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (..., {self.dim}), got {tuple(x.shape)}")
+        lead = x.shape[:-1]
+        flat = x.reshape(-1, self.dim)
+        init_now = self.training and not self._initialized and flat.shape[0] > 0
+        if self.fused and not init_now:
+            out, codes_t, loss, inputs, level_codes = self._fused(flat)
+        else:
+            out, codes_t, loss, inputs, level_codes = self._levels(flat, init_now)
         restarted = None
         if self.training and self.ema:
             restarted = ema_update_(
-                torch.stack(inputs),
-                codes_t.T,
+                inputs,
+                level_codes,
                 self.codebook,
                 self.cluster_size,
                 self.embed_sum,
@@ -245,9 +283,6 @@ class ResidualVQ(nn.Module):
                 check_codes=False,
                 backend=self.backend,
             )
-        # Straight-through: the value of the quantized vector, the gradient of the identity to x.
-        # A learned codebook gets its gradient from the codebook loss only.
-        out = flat + (quantized - flat).detach()
         return VQOutput(
             out.view(*lead, self.dim), codes_t.view(*lead, self.num_levels), loss, restarted
         )

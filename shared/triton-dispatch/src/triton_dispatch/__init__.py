@@ -25,6 +25,7 @@ from .backend import (
 )
 from .demo import DEMO_ENTRY_POINT_GROUP, DemoResult
 from .device import DeviceFacts, device_facts
+from .graphs import CapturedStep, prepare_optimizer_for_capture
 
 try:
     __version__ = version("triton-dispatch")
@@ -37,6 +38,7 @@ __all__ = [
     "DEMO_ENTRY_POINT_GROUP",
     "Backend",
     "BackendUnavailableError",
+    "CapturedStep",
     "DemoResult",
     "DeviceFacts",
     "__version__",
@@ -47,6 +49,7 @@ __all__ = [
     "interpreter_enabled",
     "next_power_of_2",
     "padded_dim",
+    "prepare_optimizer_for_capture",
     "prune_by_shared_memory",
     "select_backend",
     "shape_bucket",

@@ -50,6 +50,54 @@ def _smem(meta, num_stages, args):
     )
 
 
+@triton.jit
+def nearest_code_scan(
+    x_rows, row_mask, cb_ptr, norm_ptr, stride_cb, k_start, num_codes, K, D,
+    COSINE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """The nearest code of each row of a row tile among codes ``[k_start, k_start + num_codes)``
+    (clipped to ``K``): returns the fp32 best distance ``(BLOCK_B,)`` (+inf when every distance is
+    NaN) and its int32 code index.
+
+    ``x_rows`` points at the start of each row (``(BLOCK_B, 1)`` pointers, unit stride on ``D``),
+    ``cb_ptr`` at code 0 with ``stride_cb`` between codes, ``norm_ptr`` at ``‖c‖`` of code 0 in fp32.
+    The scan walks the range in tiles of ``BLOCK_K`` codes and ``D`` in chunks of ``BLOCK_D``
+    accumulated in fp32 by ``tl.dot``; every caller gets the same arithmetic and tie rule."""
+    best = tl.full([BLOCK_B], float("inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_B], tl.int32)
+    d_range = tl.arange(0, BLOCK_D)
+    for k_off in range(0, num_codes, BLOCK_K):
+        k0 = k_start + k_off
+        kk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = kk < K
+        c_rows = cb_ptr + kk.to(tl.int64)[:, None] * stride_cb
+        acc = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
+        for d0 in range(0, D, BLOCK_D):
+            dd = d0 + d_range
+            d_mask = dd < D
+            xt = tl.load(x_rows + dd[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+            ct = tl.load(c_rows + dd[None, :], mask=k_mask[:, None] & d_mask[None, :], other=0.0)
+            if UPCAST:
+                xt = xt.to(tl.float32)
+                ct = ct.to(tl.float32)
+            acc = tl.dot(xt, tl.trans(ct), acc, input_precision=PRECISION)
+        # ‖c‖ in fp32 from one norm launch; the per-code term follows reference.code_scores.
+        norm = tl.load(norm_ptr + kk, mask=k_mask, other=1.0)
+        if COSINE:
+            dist = -acc * (1.0 / tl.maximum(norm, COSINE_EPS))[None, :]
+        else:
+            dist = (norm * norm)[None, :] - 2.0 * acc
+        dist = tl.where(dist != dist, float("inf"), dist)
+        dist = tl.where(k_mask[None, :], dist, float("inf"))
+        tile_best = tl.min(dist, axis=1)
+        tile_idx = tl.argmin(dist, axis=1, tie_break_left=True).to(tl.int32) + k0
+        better = tile_best < best
+        best_idx = tl.where(better, tile_idx, best_idx)
+        best = tl.where(better, tile_best, best)
+    return best, best_idx
+
+
 @autotune(
     config_space(
         {"BLOCK_B": [64, 128], "BLOCK_K": [64, 128], "BLOCK_D": [32]},
@@ -97,38 +145,11 @@ def nearest_code_kernel(
     rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     row_mask = rows < B
     k_start = split * codes_per_split
-    best = tl.full([BLOCK_B], float("inf"), tl.float32)
-    best_idx = tl.zeros([BLOCK_B], tl.int32)
-    d_range = tl.arange(0, BLOCK_D)
     x_rows = x_ptr + rows.to(tl.int64)[:, None] * stride_xb
-    for k_off in range(0, codes_per_split, BLOCK_K):
-        k0 = k_start + k_off
-        kk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = kk < K
-        c_rows = cb_ptr + kk.to(tl.int64)[:, None] * stride_cb
-        acc = tl.zeros([BLOCK_B, BLOCK_K], tl.float32)
-        for d0 in range(0, D, BLOCK_D):
-            dd = d0 + d_range
-            d_mask = dd < D
-            xt = tl.load(x_rows + dd[None, :], mask=row_mask[:, None] & d_mask[None, :], other=0.0)
-            ct = tl.load(c_rows + dd[None, :], mask=k_mask[:, None] & d_mask[None, :], other=0.0)
-            if UPCAST:
-                xt = xt.to(tl.float32)
-                ct = ct.to(tl.float32)
-            acc = tl.dot(xt, tl.trans(ct), acc, input_precision=PRECISION)
-        # ‖c‖ in fp32 from one norm launch; the per-code term follows reference.code_scores.
-        norm = tl.load(norm_ptr + kk, mask=k_mask, other=1.0)
-        if COSINE:
-            dist = -acc * (1.0 / tl.maximum(norm, COSINE_EPS))[None, :]
-        else:
-            dist = (norm * norm)[None, :] - 2.0 * acc
-        dist = tl.where(dist != dist, float("inf"), dist)
-        dist = tl.where(k_mask[None, :], dist, float("inf"))
-        tile_best = tl.min(dist, axis=1)
-        tile_idx = tl.argmin(dist, axis=1, tie_break_left=True).to(tl.int32) + k0
-        better = tile_best < best
-        best_idx = tl.where(better, tile_idx, best_idx)
-        best = tl.where(better, tile_best, best)
+    best, best_idx = nearest_code_scan(
+        x_rows, row_mask, cb_ptr, norm_ptr, stride_cb, k_start, codes_per_split, K, D,
+        COSINE, UPCAST, PRECISION, BLOCK_B, BLOCK_K, BLOCK_D,
+    )  # fmt: skip
     # A split whose every distance is inf still reports its first code, so the merge sees a code
     # inside [0, K).
     best_idx = tl.where(best == float("inf"), k_start, best_idx)
@@ -157,6 +178,16 @@ def merge_splits_kernel(best_d_ptr, best_i_ptr, codes_ptr, B, splits, BLOCK: tl.
     tl.store(codes_ptr + rows, idx.to(tl.int64), mask=m)
 
 
+def k_splits(batch: int, num_codes: int, device: torch.device) -> int:
+    """How many K splits the search of ``batch`` rows in ``num_codes`` codes uses by default.
+
+    K is split only when the rows alone give too few programs *and* each split keeps enough codes
+    to amortise the merge; small codebooks never split (one launch, no merge)."""
+    row_tiles = triton.cdiv(batch, 64)
+    target = 1 if interpreter_enabled() else 2 * device_facts(device).sm_count
+    return max(1, min(triton.cdiv(target, row_tiles), triton.cdiv(num_codes, _MIN_CODES_PER_SPLIT)))
+
+
 class NearestCodePlan:
     """The launch of one kind of nearest-code call (sizes, dtype, device, metric, precision,
     strides): K split, tuned config and grid resolved once; a call allocates and launches."""
@@ -164,13 +195,7 @@ class NearestCodePlan:
     def __init__(self, batch, num_codes, dim, dtype, device, metric, stride_xb, stride_cb, splits):
         interpreting = interpreter_enabled()
         if splits is None:
-            # Split K only when the rows alone give too few programs *and* each split keeps enough
-            # codes to amortise the merge; small codebooks never split (one launch, no merge).
-            row_tiles = triton.cdiv(batch, 64)
-            target = 1 if interpreting else 2 * device_facts(device).sm_count
-            splits = min(
-                triton.cdiv(target, row_tiles), triton.cdiv(num_codes, _MIN_CODES_PER_SPLIT)
-            )
+            splits = k_splits(batch, num_codes, device)
         splits = max(1, min(triton.cdiv(num_codes, _MAX_BLOCK_K), splits))
         per_split = triton.cdiv(triton.cdiv(num_codes, splits), _MAX_BLOCK_K) * _MAX_BLOCK_K
         self.splits = splits = triton.cdiv(num_codes, per_split)
@@ -191,7 +216,7 @@ class NearestCodePlan:
                 D_PADDED=padded_dim(dim), SPLIT_BUCKET=shape_bucket(splits), SPLIT=splits > 1,
             ),
             device=device,
-        )
+        )  # fmt: skip
         if splits > 1:
             block = 128 if interpreting else 1024
             self.merge = KernelLaunch(
