@@ -52,10 +52,12 @@ PARTS = (
     "optimizer",
 )  # fmt: skip
 #: where each part starts: (owner, attribute) whose calls belong to the part; everything else
-#: inside the step is loss assembly (the sum of the terms, the data term, the constraints' glue)
+#: inside the step is loss assembly (the data term and the sum of the terms; since the loss was
+#: fused, ``ray_loss``, which also holds the constraints and the volume TV)
 PART_ENTRIES = {
     "tap sampling": [(TomographyObject, "sample_tv_tap_coords")],
     "field forward": [
+        (TomographyObject, "raw_densities_with_taps"),
         (TomographyObject, "forward_with_tv_taps"),
         (TomographyObject, "densities"),
         (TomographyObject, "raw_densities"),

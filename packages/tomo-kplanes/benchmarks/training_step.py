@@ -1,10 +1,13 @@
 """One full training step (forward, backward, Adam) of the 200³ configuration: T=4 rotations,
 C=32, one scale, linear decoder, 1024 rays × 200 samples, volume TV on 10,000 points × 4 taps.
 Cases: the PyTorch grid_sample path and the fused op, each with two model calls (main batch, then
-taps) and with the taps folded into one call. Peak memory of each. Both paths share everything but
-the plane interpolation and the rotation projection (SVD for the PyTorch path, the Triton kernel
-for the fused one): fused Adam on CUDA and the compiled plane TV. On CUDA a last case replays the
-fused folded step as one CUDA graph (``CapturedStep``, what ``reconstruct`` runs on CUDA)."""
+taps) and with the taps folded into one call. Peak memory of each. Both paths use fused Adam on
+CUDA. The PyTorch path is what a PyTorch user would write: ``grid_sample``, the SVD projection of
+the rotations, the loss as plain PyTorch ops (``backend="torch"``: ``ray_loss``'s reference) and the
+plane TV ``torch.compile``d on CUDA (as in the earlier runs of BENCHMARKS.md). The fused path runs
+the Triton kernels for all of them (``tilted_plane_features``, ``nearest_rotation``, ``ray_loss``,
+``plane_tv``). On CUDA a last case replays the fused folded step as one CUDA graph
+(``CapturedStep``, what ``reconstruct`` runs on CUDA)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from tomo_kplanes.objective import (
     TomographyObject,
     reconstruction_loss,
 )
+from tomo_kplanes.ops.plane_tv import plane_tv_reference
 from triton_dispatch.bench import benchmark_arguments, compare, report
 
 
@@ -49,6 +53,9 @@ def make_step(
         generator=g,
     )
     obj = TomographyObject(field).to(device)
+    if not fused and torch.device(device).type == "cuda":
+        compiled = torch.compile(plane_tv_reference, fullgraph=True, dynamic=False)
+        field.plane_tv = lambda: compiled(field.planes[0])  # one scale
     # both paths use what reconstruct() uses: fused Adam on CUDA
     if fused_adam is None:
         fused_adam = torch.device(device).type == "cuda"
