@@ -1,10 +1,13 @@
 """One full training step (forward, backward, Adam) of the 200³ configuration: T=4 rotations,
 C=32, one scale, linear decoder, 1024 rays × 200 samples, volume TV on 10,000 points × 4 taps.
 Cases: the PyTorch grid_sample path and the fused op, each with two model calls (main batch, then
-taps) and with the taps folded into one call. Peak memory of each. Both paths share everything but
-the plane interpolation and the rotation projection (SVD for the PyTorch path, the Triton kernel
-for the fused one): fused Adam on CUDA and the compiled plane TV. On CUDA a last case replays the
-fused folded step as one CUDA graph (``CapturedStep``, what ``reconstruct`` runs on CUDA)."""
+taps) and with the taps folded into one call. Peak memory of each. Both paths use fused Adam on
+CUDA. The PyTorch path is what a PyTorch user would write: ``grid_sample``, the SVD projection of
+the rotations, the loss as plain PyTorch ops (``backend="torch"``: ``ray_loss``'s reference) and the
+plane TV ``torch.compile``d on CUDA (as in the earlier runs of BENCHMARKS.md). The fused path runs
+the Triton kernels for all of them (``tilted_plane_features``, ``nearest_rotation``, ``ray_loss``,
+``plane_tv``). On CUDA a last case replays the fused folded step as one CUDA graph
+(``CapturedStep``, what ``reconstruct`` runs on CUDA)."""
 
 from __future__ import annotations
 
@@ -19,20 +22,44 @@ from tomo_kplanes.objective import (
     TomographyObject,
     reconstruction_loss,
 )
+from tomo_kplanes.ops.plane_tv import plane_tv_reference
 from triton_dispatch.bench import benchmark_arguments, compare, report
 
 
 def make_step(
-    res, channels, rotations, rays, samples, tv_points, *, fused, fold, device, graph=False
+    res,
+    channels,
+    rotations,
+    rays,
+    samples,
+    tv_points,
+    *,
+    fused,
+    fold,
+    device,
+    graph=False,
+    fused_adam=None,
 ):
+    """One training step as ``reconstruct`` runs it. ``fused_adam``: ``None`` means on CUDA
+    (what ``reconstruct`` does); ``True`` also on the host (``step_launches.py`` counts the CUDA
+    step's launches there)."""
     g = torch.Generator().manual_seed(0)
     field = KPlanesTilted(
-        res, channels, rotations=rotations, backend=None if fused else "torch",
-        channels_last=fused, generator=g,
+        res,
+        channels,
+        rotations=rotations,
+        backend=None if fused else "torch",
+        channels_last=fused,
+        generator=g,
     )
     obj = TomographyObject(field).to(device)
+    if not fused and torch.device(device).type == "cuda":
+        compiled = torch.compile(plane_tv_reference, fullgraph=True, dynamic=False)
+        field.plane_tv = lambda: compiled(field.planes[0])  # one scale
     # both paths use what reconstruct() uses: fused Adam on CUDA
-    opt = torch.optim.Adam(obj.parameters(), lr=1e-3, fused=torch.device(device).type == "cuda")
+    if fused_adam is None:
+        fused_adam = torch.device(device).type == "cuda"
+    opt = torch.optim.Adam(obj.parameters(), lr=1e-3, fused=fused_adam)
     geo = TiltGeometry(tilt_range(60, 2), (res, res)).to(device)
     idx = torch.randint(0, geo.num_rays, (rays,), generator=g).to(device)
     points, steps = geo.rays(idx, samples)
@@ -68,31 +95,41 @@ def main() -> None:
         label = "folded taps" if fold else "two calls"
         records.append(
             compare(
-                f"train step, {label}", shape,
+                f"train step, {label}",
+                shape,
                 ours=make_step(*cfg, fused=True, fold=fold, device=device),
                 baseline=make_step(*cfg, fused=False, fold=fold, device=device),
-                baseline_name=f"grid_sample, {label}", device=device,
+                baseline_name=f"grid_sample, {label}",
+                device=device,
             )
         )
     # the headline: fused folded against the best PyTorch step (grid_sample folded)
     records.append(
         compare(
-            "fused folded vs grid_sample two calls", shape,
+            "fused folded vs grid_sample two calls",
+            shape,
             ours=make_step(*cfg, fused=True, fold=True, device=device),
             baseline=make_step(*cfg, fused=False, fold=False, device=device),
-            baseline_name="grid_sample, two calls", device=device,
+            baseline_name="grid_sample, two calls",
+            device=device,
         )
     )
     if device.type == "cuda":
         records.append(
             compare(
-                "train step, folded taps, CUDA graph", shape,
+                "train step, folded taps, CUDA graph",
+                shape,
                 ours=make_step(*cfg, fused=True, fold=True, device=device, graph=True),
                 baseline=make_step(*cfg, fused=False, fold=True, device=device),
-                baseline_name="grid_sample, folded taps", device=device,
+                baseline_name="grid_sample, folded taps",
+                device=device,
             )
         )
-    report(records, args.out, meta={"script": "training_step.py", "quick": args.quick, "target_ms_h100": 2.5})
+    report(
+        records,
+        args.out,
+        meta={"script": "training_step.py", "quick": args.quick, "target_ms_h100": 2.5},
+    )
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ from tomo_kplanes import (
     sirt,
     ssim,
 )
-from tomo_kplanes.ops import nearest_rotation, tilted_plane_features
+from tomo_kplanes.ops import nearest_rotation, plane_tv, ray_loss, tilted_plane_features
 from tomo_kplanes.ops.nearest_rotation import nearest_rotation_reference
+from tomo_kplanes.ops.plane_tv import plane_tv_reference
+from tomo_kplanes.ops.ray_loss import ray_loss_reference
 from tomo_kplanes.ops.tilted_plane_features import tilted_plane_features_reference
 from triton_dispatch.testing import OpSpec, TensorArg, bad_input_params, check_bad_input, randn
 
@@ -62,6 +64,53 @@ PROJECT_TO_SO3 = OpSpec(
     NEAREST_ROTATION.args,
     tol=NEAREST_ROTATION.tol,
 )
+
+
+def _ray_loss_inputs(gen):
+    return {
+        "densities": randn((3 * 4 + 4 * 5,), generator=gen),
+        "points": randn((3, 4, 3), generator=gen, scale=0.8),
+        "steps": randn((3,), generator=gen).abs(),
+        "target": randn((3,), generator=gen).abs(),
+        "plane_tv": randn((), generator=gen).abs(),
+    }
+
+
+# the shapes of densities, points, steps and target follow from each other: a mismatch is
+# reported on whichever of them is checked second
+_RAY_SHAPES = ("densities", "points", "steps", "target")
+RAY_LOSS = OpSpec(
+    "ray_loss",
+    ray_loss,
+    ray_loss_reference,
+    _ray_loss_inputs,
+    [
+        TensorArg(name, dtypes=FLOATS, related=tuple(n for n in _RAY_SHAPES if n != name))
+        for name in _RAY_SHAPES
+    ]
+    + [TensorArg("plane_tv", dtypes=FLOATS)],
+    kwargs={"tv_step": 0.25, "volume_tv_weight": 0.1, "plane_tv_weight": 0.01, "shrinkage": 0.05},
+    tol=1e-4,  # fp32 sums in another order than the float64 reference's
+)
+
+PLANE_TV = OpSpec(
+    "plane_tv",
+    plane_tv,
+    plane_tv_reference,
+    lambda gen: {"planes": randn((5, 6), generator=gen)},
+    [TensorArg("planes", ranks=(2, 3, 4), dtypes=FLOATS)],
+    tol=1e-4,
+)
+
+
+@pytest.mark.parametrize("case", bad_input_params(RAY_LOSS))
+def test_ray_loss_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)
+
+
+@pytest.mark.parametrize("case", bad_input_params(PLANE_TV))
+def test_plane_tv_bad_inputs(case, seed, device):
+    check_bad_input(case, seed=seed, device=device)
 
 
 @pytest.mark.parametrize("case", bad_input_params(TILTED_PLANE_FEATURES))

@@ -2,45 +2,19 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import tilted_plane_features
+from .ops import plane_tv, tilted_plane_features
 from .rotations import project_to_so3
 
 
 def softplus_shifted(x: torch.Tensor) -> torch.Tensor:
     """The default density activation ``softplus(x − 1)``: positive, near zero for small inputs."""
     return F.softplus(x - 1.0)
-
-
-def _plane_tv_eager(p: torch.Tensor) -> torch.Tensor:
-    return (p[..., 1:, :] - p[..., :-1, :]).square().mean() + (p[..., :, 1:] - p[..., :, :-1]).square().mean()
-
-
-#: None: not built yet; False: compiling failed once, stay eager.
-_plane_tv_compiled = None
-
-
-def _plane_tv_of(p: torch.Tensor) -> torch.Tensor:
-    # Eager, this is ~30 full passes over the planes per step (differences, squares, slice
-    # backwards, accumulations); compiled on CUDA it is one reduction forward and one pointwise
-    # backward. On the host the eager form avoids needing a C++ compiler.
-    global _plane_tv_compiled
-    if not p.is_cuda or _plane_tv_compiled is False:
-        return _plane_tv_eager(p)
-    if _plane_tv_compiled is None:
-        _plane_tv_compiled = torch.compile(_plane_tv_eager, fullgraph=True, dynamic=False)
-    try:
-        return _plane_tv_compiled(p)
-    except Exception as exc:  # no working compiler toolchain: the eager form is the same maths
-        warnings.warn(f"plane TV runs eagerly: torch.compile failed ({type(exc).__name__})", stacklevel=2)
-        _plane_tv_compiled = False
-        return _plane_tv_eager(p)
 
 
 _ACTIVATIONS = {"softplus": softplus_shifted, "relu": F.relu, "identity": lambda x: x}
@@ -94,7 +68,9 @@ class KPlanesTilted(nn.Module):
         if decoder not in ("linear", "mlp"):
             raise ValueError(f"decoder must be 'linear' or 'mlp', got {decoder!r}")
         if activation not in _ACTIVATIONS:
-            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+            raise ValueError(
+                f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}"
+            )
         self.resolution = int(resolution)
         self.channels = int(channels)
         self.num_rotations = int(rotations)
@@ -105,7 +81,9 @@ class KPlanesTilted(nn.Module):
         planes = []
         for s in self.scales:
             side = max(2, round(self.resolution * s))
-            p = torch.empty(3 * rotations, channels, side, side).uniform_(lo, hi, generator=generator)
+            p = torch.empty(3 * rotations, channels, side, side).uniform_(
+                lo, hi, generator=generator
+            )
             if channels_last:
                 p = p.contiguous(memory_format=torch.channels_last)
             planes.append(nn.Parameter(p))
@@ -121,7 +99,9 @@ class KPlanesTilted(nn.Module):
         if decoder == "linear":
             self.decoder = nn.Linear(features, 1)
         else:
-            self.decoder = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+            self.decoder = nn.Sequential(
+                nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, 1)
+            )
         with torch.no_grad():  # start near the activation's threshold rather than far into it
             last = self.decoder if decoder == "linear" else self.decoder[-1]
             last.weight.normal_(0.0, 0.1 / features**0.5, generator=generator)
@@ -147,10 +127,13 @@ class KPlanesTilted(nn.Module):
         return _ACTIVATIONS[self.activation_name](self.decoder(self.features(points)).squeeze(-1))
 
     def plane_tv(self) -> torch.Tensor:
-        """Mean squared finite difference along H and W over all planes (smoothness prior)."""
-        total = self.planes[0].new_zeros(())
+        """Mean squared finite difference along H and W over all planes (smoothness prior), summed
+        over the scales: :func:`~tomo_kplanes.ops.plane_tv` (fused kernels where the field's
+        backend runs Triton)."""
+        total = None
         for p in self.planes:
-            total = total + _plane_tv_of(p)
+            tv = plane_tv(p, backend=self.backend)
+            total = tv if total is None else total + tv
         return total
 
     def parameter_groups(self) -> dict[str, list[nn.Parameter]]:

@@ -8,6 +8,13 @@ constraint) so taps that cross the box boundary see the field as it is. The fold
 main samples and taps in ONE field call (:meth:`TomographyObject.forward_with_tv_taps`) and hands
 the tap densities to the TV loss through :class:`ReconstructionContext`; without them the loss
 falls back to a second call.
+
+:func:`reconstruction_loss` evaluates everything after the field call (constraints, line
+integrals, data term, volume TV, weighted sum with the plane TV) with the fused op
+:func:`~tomo_kplanes.ops.ray_loss` whenever it can (one field call, the stock constraints, one
+dtype): two launches forward and one backward instead of about thirty of each, the launch count
+being what bounds an eager step at these sizes. ``ray_loss``'s reference is the PyTorch formulation
+the other paths keep.
 """
 
 from __future__ import annotations
@@ -16,6 +23,9 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
+
+from .ops.ray_loss import apply_constraints, ray_loss
+from .ops.ray_loss import volume_tv_from_taps as volume_tv_from_taps
 
 
 @dataclass
@@ -27,14 +37,13 @@ class DensityConstraints:
     mask_out_of_bounds: bool = True
 
     def apply(self, densities: torch.Tensor, points: torch.Tensor) -> torch.Tensor:
-        if self.shrinkage > 0:
-            densities = torch.sign(densities) * (densities.abs() - self.shrinkage).clamp_min(0.0)
-        if self.positivity:
-            densities = densities.clamp_min(0.0)
-        if self.mask_out_of_bounds:
-            inside = (points.abs() <= 1.0).all(dim=-1)
-            densities = torch.where(inside, densities, torch.zeros_like(densities))
-        return densities
+        return apply_constraints(
+            densities,
+            points,
+            positivity=self.positivity,
+            shrinkage=self.shrinkage,
+            mask_out_of_bounds=self.mask_out_of_bounds,
+        )
 
 
 @dataclass
@@ -61,6 +70,8 @@ class TomographyObject(nn.Module):
         self.constraints = constraints or DensityConstraints()
         resolution = getattr(field_model, "resolution", 64)
         self.tv_step = float(tv_step) if tv_step is not None else 2.0 / resolution
+        #: (device, dtype, step) -> the (4, 1, 3) tap offsets: 0, then h along x, y and z
+        self._tap_offsets: dict[tuple, torch.Tensor] = {}
 
     def raw_densities(self, points: torch.Tensor) -> torch.Tensor:
         """Field densities with no mask or constraint."""
@@ -82,27 +93,36 @@ class TomographyObject(nn.Module):
     ) -> torch.Tensor:
         """``(4·n_points, 3)`` taps: uniform points in ``[-1, 1]³`` then their +h x/y/z neighbours
         (tap-major: all base points, then all x neighbours, …)."""
-        device = device if device is not None else next(self.parameters()).device
-        base = torch.rand(n_points, 3, generator=generator, device=device, dtype=dtype) * 2 - 1
-        offsets = torch.eye(3, device=device, dtype=dtype) * self.tv_step
-        taps = torch.cat([base.unsqueeze(0), base.unsqueeze(0) + offsets.unsqueeze(1)], dim=0)
-        return taps.reshape(-1, 3)
+        device = torch.device(device) if device is not None else next(self.parameters()).device
+        # two launches: uniform_(-1, 1) draws the same numbers as rand() * 2 - 1 (bit for bit), and
+        # one broadcast add of the cached offsets writes all four taps
+        base = torch.empty(1, n_points, 3, device=device, dtype=dtype)
+        base.uniform_(-1.0, 1.0, generator=generator)
+        return torch.add(base, self._offsets(device, dtype)).view(-1, 3)
+
+    def _offsets(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        key = (device, dtype, self.tv_step)
+        offsets = self._tap_offsets.get(key)
+        if offsets is None:
+            eye = torch.eye(3, dtype=dtype) * self.tv_step
+            offsets = torch.cat([torch.zeros(1, 3, dtype=dtype), eye]).unsqueeze(1).to(device)
+            self._tap_offsets[key] = offsets
+        return offsets
+
+    def raw_densities_with_taps(
+        self, points: torch.Tensor, tap_points: torch.Tensor
+    ) -> torch.Tensor:
+        """ONE field call on ``points`` ⧺ ``tap_points``: raw densities ``(N + 4·M,)``."""
+        return self.field(torch.cat([points, tap_points.to(points.dtype)], dim=0))
 
     def forward_with_tv_taps(
         self, points: torch.Tensor, tap_points: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """ONE field call on ``points`` ⧺ ``tap_points``: constrained main densities, raw taps."""
         n = points.shape[0]
-        dens = self.field(torch.cat([points, tap_points.to(points.dtype)], dim=0))
+        dens = self.raw_densities_with_taps(points, tap_points)
         main = self.constraints.apply(dens[:n], points)
         return main, dens[n:]
-
-
-def volume_tv_from_taps(tap_densities: torch.Tensor, step: float) -> torch.Tensor:
-    """Isotropic TV ``mean ‖∇f‖`` from forward differences of tap densities ``(4·M,)``."""
-    taps = tap_densities.reshape(4, -1)
-    grad = (taps[1:] - taps[:1]) / step
-    return torch.sqrt(grad.square().sum(dim=0) + 1e-12).mean()
 
 
 @dataclass
@@ -120,6 +140,12 @@ def volume_tv_loss(obj: nn.Module, ctx: ReconstructionContext) -> torch.Tensor:
     return volume_tv_from_taps(ctx.tv_tap_densities, obj.tv_step)
 
 
+def _inner_field(obj: TomographyObject) -> nn.Module:
+    """The field itself when ``obj.field`` is a (Distributed)DataParallel wrapper."""
+    wrapped = isinstance(obj.field, (nn.parallel.DistributedDataParallel, nn.DataParallel))
+    return obj.field.module if wrapped else obj.field
+
+
 def reconstruction_loss(
     obj: TomographyObject,
     points: torch.Tensor,
@@ -132,11 +158,27 @@ def reconstruction_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """MSE of the line integrals of ``points`` ``(B, S, 3)`` against ``target`` plus the TV terms.
 
-    With ``fold_taps`` and tap points in ``ctx`` the taps ride along in the main field call.
+    With ``fold_taps`` and tap points in ``ctx`` the taps ride along in the main field call. The
+    plane TV comes from the field (the module inside a data-parallel wrapper) when it has one.
+    Returns the total and the terms (``"data"``, and ``"volume_tv"``/``"plane_tv"`` weighted, where
+    they are used); the total adds them in that order.
     """
     flat = points.reshape(-1, 3)
+    n = flat.shape[0]
     use_tv = weights.volume_tv > 0 and ctx.tv_tap_points is not None
-    if use_tv and fold_taps and ctx.tv_tap_densities is None:
+    field = _inner_field(obj)
+    use_plane = weights.plane_tv > 0 and hasattr(field, "plane_tv")
+    one_call = (fold_taps or not use_tv) and ctx.tv_tap_densities is None
+    if one_call and type(obj.constraints) is DensityConstraints:
+        if use_tv:
+            dens = obj.raw_densities_with_taps(flat, ctx.tv_tap_points)
+            ctx.tv_tap_densities = dens[n:]
+        else:
+            dens = obj.raw_densities(flat)
+        if dens.dtype == points.dtype == steps.dtype == target.dtype:
+            return _fused_loss(obj, field, dens, points, steps, target, weights, use_tv, use_plane)
+        dens = obj.constraints.apply(dens[:n], flat)
+    elif use_tv and fold_taps and ctx.tv_tap_densities is None:
         dens, ctx.tv_tap_densities = obj.forward_with_tv_taps(flat, ctx.tv_tap_points)
     else:
         dens = obj.densities(flat)
@@ -144,7 +186,32 @@ def reconstruction_loss(
     terms = {"data": (pred - target).square().mean()}
     if use_tv:
         terms["volume_tv"] = weights.volume_tv * volume_tv_loss(obj, ctx)
-    if weights.plane_tv > 0 and hasattr(obj.field, "plane_tv"):
-        terms["plane_tv"] = weights.plane_tv * obj.field.plane_tv()
+    if use_plane:
+        terms["plane_tv"] = weights.plane_tv * field.plane_tv()
     total = sum(terms.values())
     return total, terms
+
+
+def _fused_loss(obj, field, dens, points, steps, target, weights, use_tv, use_plane):
+    c = obj.constraints
+    total, terms = ray_loss(
+        dens,
+        points,
+        steps,
+        target,
+        field.plane_tv() if use_plane else None,
+        tv_step=obj.tv_step,
+        volume_tv_weight=weights.volume_tv if use_tv else 0.0,
+        plane_tv_weight=weights.plane_tv if use_plane else 0.0,
+        positivity=c.positivity,
+        shrinkage=c.shrinkage,
+        mask_out_of_bounds=c.mask_out_of_bounds,
+        backend=getattr(field, "backend", None),
+    )
+    data, volume, plane = terms.unbind()
+    out = {"data": data}
+    if use_tv:
+        out["volume_tv"] = volume
+    if use_plane:
+        out["plane_tv"] = plane
+    return total, out

@@ -86,11 +86,19 @@ def make_optimizer(field_model: nn.Module, config: ReconstructionConfig) -> torc
     """Adam with one parameter group per role (planes, decoder, rotations), each its own rate; the
     fused (one kernel per step) implementation when every parameter is on CUDA."""
     groups = field_model.parameter_groups()
-    lrs = {"planes": config.lr_planes, "decoder": config.lr_decoder, "rotations": config.lr_rotations}
+    lrs = {
+        "planes": config.lr_planes,
+        "decoder": config.lr_decoder,
+        "rotations": config.lr_rotations,
+    }
     params = [p for k in groups for p in groups[k]]
     fused = bool(params) and all(p.is_cuda for p in params)
     return torch.optim.Adam(
-        [{"params": groups[k], "lr": lrs[k], "name": k} for k in ("planes", "decoder", "rotations") if groups[k]],
+        [
+            {"params": groups[k], "lr": lrs[k], "name": k}
+            for k in ("planes", "decoder", "rotations")
+            if groups[k]
+        ],
         fused=fused,
     )
 
@@ -105,7 +113,9 @@ def cosine_schedule(optimizer, total: int, warmup: int) -> torch.optim.lr_schedu
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def _split_rays(n_rays: int, config: ReconstructionConfig, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _split_rays(
+    n_rays: int, config: ReconstructionConfig, device
+) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(config.seed + 1)
     perm = torch.randperm(n_rays, generator=g)
     n_hold = round(n_rays * config.holdout_fraction) if config.holdout_fraction > 0 else 0
@@ -135,7 +145,10 @@ def reconstruct(
     from tqdm.auto import tqdm
 
     config = config or ReconstructionConfig()
-    if tilt_series.dim() != 3 or tuple(tilt_series.shape) != (geometry.num_tilts, *geometry.detector_shape):
+    if tilt_series.dim() != 3 or tuple(tilt_series.shape) != (
+        geometry.num_tilts,
+        *geometry.detector_shape,
+    ):
         raise ValueError(
             f"tilt_series must have shape (n_tilts, n_v, n_u) = "
             f"({geometry.num_tilts}, {geometry.detector_shape[0]}, {geometry.detector_shape[1]}), "
@@ -184,8 +197,12 @@ def reconstruct(
         points, steps = geometry.rays(batch_rays, config.samples_per_ray)
         ctx = ReconstructionContext()
         if config.weights.volume_tv > 0:
-            ctx.tv_tap_points = obj.sample_tv_tap_coords(config.tv_points, generator=gen, device=device)
-        loss, _ = _loss(obj, inner, points, steps, target[batch_rays], config, ctx)
+            ctx.tv_tap_points = obj.sample_tv_tap_coords(
+                config.tv_points, generator=gen, device=device
+            )
+        loss, _ = reconstruction_loss(
+            obj, points, steps, target[batch_rays], config.weights, ctx, fold_taps=config.fold_taps
+        )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if config.grad_clip > 0:
@@ -230,13 +247,24 @@ def reconstruct(
                 if bad >= config.patience:
                     stopped = True
                     break
-        if ckpt is not None and config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and rank == 0:
+        if (
+            ckpt is not None
+            and config.checkpoint_every
+            and (step + 1) % config.checkpoint_every == 0
+            and rank == 0
+        ):
             save_checkpoint(
                 {
-                    "field": inner.state_dict(), "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "generator": gen.get_state(),
-                    "step": step + 1, "losses": losses, "holdout_losses": held_losses,
-                    "order": order, "best_holdout": best, "bad_evals": bad,
+                    "field": inner.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "generator": gen.get_state(),
+                    "step": step + 1,
+                    "losses": losses,
+                    "holdout_losses": held_losses,
+                    "order": order,
+                    "best_holdout": best,
+                    "bad_evals": bad,
                     "config": asdict(config),
                 },
                 ckpt,
@@ -245,16 +273,6 @@ def reconstruct(
     if distributed:
         obj.field = inner
     return ReconstructionResult(obj, losses, held_losses, step + 1, stopped)
-
-
-def _loss(obj, inner, points, steps, target, config, ctx):
-    loss, terms = reconstruction_loss(
-        obj, points, steps, target, LossWeights(config.weights.volume_tv, 0.0), ctx,
-        fold_taps=config.fold_taps,
-    )
-    if config.weights.plane_tv > 0:
-        loss = loss + config.weights.plane_tv * inner.plane_tv()
-    return loss, terms
 
 
 @torch.no_grad()
@@ -269,7 +287,9 @@ def _holdout_loss(obj, geometry, rays, target, config) -> float:
 
 
 @torch.no_grad()
-def render_volume(obj: TomographyObject, shape: tuple[int, int, int], *, chunk: int = 65536) -> torch.Tensor:
+def render_volume(
+    obj: TomographyObject, shape: tuple[int, int, int], *, chunk: int = 65536
+) -> torch.Tensor:
     """The constrained density field sampled on a ``(Z, Y, X)`` voxel grid."""
     device = next(obj.parameters()).device
     pts = grid_points(shape, device)

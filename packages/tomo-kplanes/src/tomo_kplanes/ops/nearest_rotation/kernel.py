@@ -20,11 +20,13 @@ import triton
 import triton.language as tl
 
 from triton_dispatch import next_power_of_2
+from triton_dispatch.launch import KernelLaunch, PlanCache
 
 _NEWTON_STEPS = 12
 _EIGEN_STEPS = 40
 
 
+# fmt: off
 @triton.jit
 def _cofactors(a00, a01, a02, a10, a11, a12, a20, a21, a22):
     """Cofactor matrix (``A⁻ᵀ = cof / det``) and the determinant."""
@@ -224,32 +226,69 @@ def _backward_kernel(
         r00, r01, r02, r10, r11, r12, r20, r21, r22, 0.0 * c0, -c2, c1, c2, 0.0 * c0, -c0, -c1, c0, 0.0 * c0
     )
     _store9(out_ptr, offs, mask, o00, o01, o02, o10, o11, o12, o20, o21, o22)
+# fmt: on
+
+
+class RotationPlan:
+    """The forward and backward launches of ``T`` matrices with given strides, bound once."""
+
+    def __init__(self, t, stride, dtype, device) -> None:
+        self.t, self.dtype, self.device = t, dtype, device
+        block = max(next_power_of_2(t), 2)
+        self.forward_launch = KernelLaunch(
+            _forward_kernel,
+            (1,),
+            dict(
+                T=t,
+                stride_t=stride[0],
+                stride_i=stride[1],
+                stride_j=stride[2],
+                BLOCK_T=block,
+                NEWTON_STEPS=_NEWTON_STEPS,
+                EIGEN_STEPS=_EIGEN_STEPS,
+            ),
+            device=device,
+            options={"num_warps": 1},
+        )
+        self.backward_launch = KernelLaunch(
+            _backward_kernel,
+            (1,),
+            dict(T=t, stride_gt=9, stride_gi=3, stride_gj=1, BLOCK_T=block),
+            device=device,
+            options={"num_warps": 1},
+        )
+
+    def forward(self, matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rot = torch.empty((self.t, 3, 3), dtype=self.dtype, device=self.device)
+        sym = torch.empty_like(rot)
+        if self.t:
+            self.forward_launch(matrices, rot, sym)
+        return rot, sym
+
+    def backward(self, grad: torch.Tensor, rot: torch.Tensor, sym: torch.Tensor) -> torch.Tensor:
+        """The gradient of a contiguous ``grad`` (``rot`` and ``sym`` as the forward made them)."""
+        out = torch.empty((self.t, 3, 3), dtype=self.dtype, device=self.device)
+        if self.t:
+            self.backward_launch(grad, rot, sym, out)
+        return out
+
+
+_PLANS: PlanCache[RotationPlan] = PlanCache("tomo_kplanes.nearest_rotation_kernels")
+
+
+def rotation_plan(matrices: torch.Tensor) -> RotationPlan:
+    """The cached plan of validated ``(T, 3, 3)`` matrices."""
+    meta = (matrices.shape[0], matrices.stride(), matrices.dtype, matrices.device)
+    return _PLANS.get(meta, lambda: RotationPlan(*meta))
 
 
 def nearest_rotation_triton(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(R, Hs)`` for ``(T, 3, 3)`` matrices (validated by the caller)."""
-    t = matrices.shape[0]
-    rot = torch.empty((t, 3, 3), dtype=matrices.dtype, device=matrices.device)
-    sym = torch.empty_like(rot)
-    if t == 0:
-        return rot, sym
-    _forward_kernel[(1,)](
-        matrices, rot, sym, t, *matrices.stride(),
-        BLOCK_T=max(next_power_of_2(t), 2), NEWTON_STEPS=_NEWTON_STEPS, EIGEN_STEPS=_EIGEN_STEPS,
-        num_warps=1,
-    )
-    return rot, sym
+    return rotation_plan(matrices).forward(matrices)
 
 
 def nearest_rotation_backward_triton(
     grad: torch.Tensor, rot: torch.Tensor, sym: torch.Tensor
 ) -> torch.Tensor:
-    t = rot.shape[0]
-    out = torch.empty((t, 3, 3), dtype=rot.dtype, device=rot.device)
-    if t == 0:
-        return out
-    _backward_kernel[(1,)](
-        grad, rot.contiguous(), sym.contiguous(), out, t, *grad.stride(),
-        BLOCK_T=max(next_power_of_2(t), 2), num_warps=1,
-    )
-    return out
+    plan = rotation_plan(rot)
+    return plan.backward(grad.contiguous(), rot.contiguous(), sym.contiguous())

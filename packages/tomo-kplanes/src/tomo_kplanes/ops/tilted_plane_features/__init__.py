@@ -3,7 +3,10 @@
 The public function validates its inputs, picks a backend with ``triton_dispatch`` and either runs
 the PyTorch reference (``grid_sample``; CPU, MPS, ``backend="torch"``) or the fused Triton kernels
 through the custom op ``tomo_kplanes::tilted_plane_features`` (with a fake implementation and an
-autograd formula, so it traces under ``torch.compile(fullgraph=True)``). See ``reference.py`` for the
+autograd formula, so it traces under ``torch.compile(fullgraph=True)``). Eager calls run the same
+kernels through an ``autograd.Function`` (a custom op's dispatch costs more host time than its
+launches), and a repeat call with the same kind of inputs reuses a cached plan: validation, the
+backend choice and the launch arguments are resolved once per kind. See ``reference.py`` for the
 axis conventions.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch.launch import PlanCache, call_key
 
 from .reference import PLANE_AXES, rotate_points, tilted_plane_features_reference
 
@@ -34,7 +38,9 @@ def _validate(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tenso
     if points.dim() != 2 or points.shape[1] != 3:
         raise ValueError(f"points must have shape (N, 3), got {tuple(points.shape)}")
     if rotations.dim() != 3 or rotations.shape[1:] != (3, 3) or rotations.shape[0] < 1:
-        raise ValueError(f"rotations must have shape (T, 3, 3) with T >= 1, got {tuple(rotations.shape)}")
+        raise ValueError(
+            f"rotations must have shape (T, 3, 3) with T >= 1, got {tuple(rotations.shape)}"
+        )
     t = rotations.shape[0]
     if planes.dim() != 4 or planes.shape[0] != 3 * t:
         raise ValueError(
@@ -87,20 +93,82 @@ def tilted_plane_features(
         TypeError: non-float, mismatched, or other than float32/float64 dtypes (on every backend).
         ValueError: wrong shapes or tensors on different devices.
     """
-    _validate(points, rotations, planes)
-    device = common_device((points, rotations, planes), names=("points", "rotations", "planes"))
-    chosen = select_backend(device=device, backend=backend)
-    if not uses_triton(chosen):
+    if not torch.compiler.is_compiling():
+        key = _key(points, rotations, planes, backend)
+        if key is not None:
+            plan = _PLANS.get(key, lambda: _plan(points, rotations, planes, backend))
+            return plan(points, rotations, planes)
+    if not uses_triton(_check(points, rotations, planes, backend)):
         return tilted_plane_features_reference(points, rotations, planes)
-    return _fused(points, rotations, planes)
-
-
-def _fused(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
     return torch.ops.tomo_kplanes.tilted_plane_features(points, rotations, planes)
 
 
+_PLANS: PlanCache = PlanCache("tomo_kplanes.tilted_plane_features")
+
+
+def _key(points, rotations, planes, backend):
+    tensors = (points, rotations, planes)
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    # the kernels' plans depend on every stride (channels-last planes are not "contiguous")
+    strides = tuple(t.stride() for t in tensors)
+    return call_key(tensors, strides, backend, torch.is_grad_enabled())
+
+
+def _check(points, rotations, planes, backend) -> str:
+    _validate(points, rotations, planes)
+    device = common_device((points, rotations, planes), names=("points", "rotations", "planes"))
+    return select_backend(device=device, backend=backend)
+
+
+def _plan(points, rotations, planes, backend):
+    if not uses_triton(_check(points, rotations, planes, backend)):
+        return tilted_plane_features_reference
+    from .backward import backward_plan
+    from .forward import forward_plan
+
+    forward = forward_plan(points, rotations, planes)
+    backward = {need: backward_plan(points, rotations, planes, need) for need in (False, True)}
+
+    def run(points, rotations, planes):
+        return _EagerFeatures.apply(points, rotations, planes, forward, backward)
+
+    return run
+
+
+class _EagerFeatures(torch.autograd.Function):
+    """The registered op's forward and backward for eager calls, without the custom-op dispatch."""
+
+    @staticmethod
+    def forward(ctx, points, rotations, planes, forward, backward):
+        ctx.save_for_backward(points, rotations, planes)
+        ctx.backward_plans = backward
+        return forward(points, rotations, planes)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from .backward import PRE_REDUCE_RUNS, backward_plan
+
+        points, rotations, planes = ctx.saved_tensors
+        need_points, need_rotations, need_planes = ctx.needs_input_grad[:3]
+        coordinate_grad = bool(need_points or need_rotations)
+        plan = ctx.backward_plans[coordinate_grad]
+        if plan.runs != PRE_REDUCE_RUNS:  # switched since the plan was made
+            plan = backward_plan(points, rotations, planes, coordinate_grad)
+        grad_points, grad_rot, grad_planes = plan(grad_out.contiguous(), points, rotations, planes)
+        return (
+            grad_points if need_points else None,
+            grad_rot if need_rotations else None,
+            grad_planes if need_planes else None,
+            None,
+            None,
+        )
+
+
 @torch.library.custom_op("tomo_kplanes::tilted_plane_features", mutates_args=())
-def _features_op(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+def _features_op(
+    points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor
+) -> torch.Tensor:
     from .forward import forward_triton
 
     return forward_triton(points, rotations, planes)

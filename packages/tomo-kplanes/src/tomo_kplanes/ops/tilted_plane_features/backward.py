@@ -12,8 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_dispatch import autotune, config_space, next_power_of_2
+from triton_dispatch import autotune, config_space
+from triton_dispatch.launch import KernelLaunch, PlanCache
 
+from .forward import bound_arguments
 from .sampling import (
     rotated_coordinates,
     sample_plane_with_slopes,
@@ -23,6 +25,7 @@ from .sampling import (
 )
 
 
+# fmt: off
 def _one_config_for_runs(configs: list, named_args: dict, **kwargs) -> list:
     # the run-reduced kernel compiles about five times slower: tune it over one config, not nine
     if kwargs.get("RUNS"):
@@ -180,6 +183,7 @@ def _backward_kernel(
         tl.store(gp, gpx, mask=n_mask)
         tl.store(gp + 1, gpy, mask=n_mask)
         tl.store(gp + 2, gpz, mask=n_mask)
+# fmt: on
 
 
 #: Pre-reduce the plane-gradient atomics over runs of consecutive points that read the same cell
@@ -187,6 +191,75 @@ def _backward_kernel(
 #: and its segmented scans make the kernel much slower to compile (a first GPU attempt spent most of
 #: a minute compiling the nine autotune configs). Module-level so benchmarks can compare both.
 PRE_REDUCE_RUNS = False
+
+
+class BackwardPlan:
+    """The backward launch of one kind of call (sizes, strides, dtype, device, which gradients,
+    the run pre-reduction switch), bound once."""
+
+    def __init__(
+        self, n, t, plane_shape, points_stride, rot_stride, planes_stride, dtype, device,
+        coordinate_grad, runs,
+    ) -> None:  # fmt: skip
+        c = plane_shape[1]
+        self.n, self.t, self.dtype, self.device = n, t, dtype, device
+        self.coordinate_grad, self.runs = coordinate_grad, runs
+        # grad_planes shares the planes' strides (the kernel reuses the texel offsets it computes
+        # for the planes); planes in a layout zeros_like cannot reproduce (not dense) are copied
+        probe = torch.empty_strided(plane_shape, planes_stride, dtype=dtype, device="meta")
+        self.copy_planes = torch.empty_like(probe).stride() != tuple(planes_stride)
+        if self.copy_planes:
+            planes_stride = torch.empty(plane_shape, device="meta").stride()
+        self.launch = KernelLaunch(
+            _backward_kernel,
+            lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),),
+            dict(
+                bound_arguments(n, t, plane_shape, points_stride, rot_stride, planes_stride),
+                stride_gn=t * c,
+                stride_gc=1,
+                **dict(
+                    zip(("stride_glp", "stride_glc", "stride_glh", "stride_glw"), planes_stride)
+                ),
+                T=t,
+                COORD_GRAD=coordinate_grad,
+                RUNS=runs,
+            ),
+            device=device,
+        )
+
+    def __call__(self, grad_out, points, rotations, planes):
+        """``(grad_points, grad_rotations, grad_planes)`` of a contiguous ``grad_out``; the first
+        two are ``None`` without ``coordinate_grad``."""
+        if self.copy_planes:
+            planes = planes.contiguous()
+        grad_planes = torch.zeros_like(planes, memory_format=torch.preserve_format)
+        if self.coordinate_grad:
+            grad_rot = torch.zeros((self.t, 3, 3), dtype=self.dtype, device=self.device)
+            grad_points = torch.empty((self.n, 3), dtype=self.dtype, device=self.device)
+        else:  # placeholders the kernel never touches
+            grad_rot = grad_points = grad_planes
+        if self.n:
+            self.launch(grad_out, points, rotations, planes, grad_points, grad_rot, grad_planes)
+        elif self.coordinate_grad:
+            grad_points.zero_()
+        if not self.coordinate_grad:
+            return None, None, grad_planes
+        return grad_points, grad_rot, grad_planes
+
+
+_PLANS: PlanCache[BackwardPlan] = PlanCache("tomo_kplanes.tilted_plane_features_backward")
+
+
+def backward_plan(
+    points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor, coordinate_grad: bool
+) -> BackwardPlan:
+    """The cached backward plan of validated inputs."""
+    meta = (
+        points.shape[0], rotations.shape[0], tuple(planes.shape), points.stride(),
+        rotations.stride(), planes.stride(), planes.dtype, planes.device, bool(coordinate_grad),
+        bool(PRE_REDUCE_RUNS),
+    )  # fmt: skip
+    return _PLANS.get(meta, lambda: BackwardPlan(*meta))
 
 
 def backward_triton(
@@ -198,33 +271,9 @@ def backward_triton(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(grad_points, grad_rotations, grad_planes)``. With ``coordinate_grad=False`` the first two
     are zeros (nothing upstream needs them)."""
-    n = points.shape[0]
-    t = rotations.shape[0]
-    _, c, h, w = planes.shape
-    # same strides as planes, so the kernel can reuse the texel offsets it computes for the planes
-    grad_planes = torch.zeros_like(planes, memory_format=torch.preserve_format)
-    if grad_planes.stride() != planes.stride():
-        grad_planes = torch.zeros_like(planes.contiguous())
-        planes = planes.contiguous()
-    grad_rot = torch.zeros((t, 3, 3), dtype=planes.dtype, device=planes.device)
-    grad_points = (
-        torch.empty((n, 3), dtype=planes.dtype, device=planes.device)
-        if coordinate_grad
-        else torch.zeros((n, 3), dtype=planes.dtype, device=planes.device)
-    )
-    if n == 0:
-        return grad_points.zero_(), grad_rot, grad_planes
-    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),)
-    _backward_kernel[grid](
-        grad_out, points, rotations, planes,
-        grad_points, grad_rot, grad_planes,
-        n, c, h, w,
-        *grad_out.stride(), *points.stride(), *rotations.stride(), *planes.stride(),
-        *grad_planes.stride(),
-        min(next_power_of_2(t), 8),
-        T=t,
-        BLOCK_C=next_power_of_2(c),
-        COORD_GRAD=coordinate_grad,
-        RUNS=PRE_REDUCE_RUNS,
-    )
+    plan = backward_plan(points, rotations, planes, coordinate_grad)
+    grad_points, grad_rot, grad_planes = plan(grad_out.contiguous(), points, rotations, planes)
+    if grad_points is None:
+        grad_points = torch.zeros((points.shape[0], 3), dtype=planes.dtype, device=planes.device)
+        grad_rot = torch.zeros(rotations.shape, dtype=planes.dtype, device=planes.device)
     return grad_points, grad_rot, grad_planes
