@@ -109,11 +109,13 @@ def _forward_kernel(
         tl.store(partial_ptr + pid, tl.sum(tl.where(ray_in, resid * resid, 0.0), axis=0))
     else:
         h = _scalar(h_hi, h_lo, dtype)
+        # names differ from the other branch's: compiled Triton merges same-named values of
+        # both branches of a runtime test, and their shapes differ
         offs = (pid - RAY_PROGRAMS) * BLOCK_M + tl.arange(0, BLOCK_M)
-        m = offs < M
-        dx, dy, dz = _tap_differences(dens_ptr + B * S, offs, m, M, h)
+        tap_ok = offs < M
+        dx, dy, dz = _tap_differences(dens_ptr + B * S, offs, tap_ok, M, h)
         norm = _sqrt(dx * dx + dy * dy + dz * dz + tl.full([BLOCK_M], _EPS, dtype))
-        tl.store(partial_ptr + pid, tl.sum(tl.where(m, norm, 0.0), axis=0))
+        tl.store(partial_ptr + pid, tl.sum(tl.where(tap_ok, norm, 0.0), axis=0))
 
 
 @triton.jit(do_not_specialize=["B", "M", "RAY_PROGRAMS", "TAP_PROGRAMS"])
@@ -191,9 +193,9 @@ def _backward_kernel(
     else:
         h = _scalar(h_hi, h_lo, dtype)
         offs = (pid - MAIN_PROGRAMS) * BLOCK_M + tl.arange(0, BLOCK_M)
-        m = offs < M
+        tap_ok = offs < M  # not `m`: see the forward kernel
         taps = dens_ptr + B * S
-        dx, dy, dz = _tap_differences(taps, offs, m, M, h)
+        dx, dy, dz = _tap_differences(taps, offs, tap_ok, M, h)
         norm = _sqrt(dx * dx + dy * dy + dz * dz + tl.full([BLOCK_M], _EPS, dtype))
         # weight → mean → sqrt → squares → / h → differences
         q = (g_volume * _scalar(wv_hi, wv_lo, dtype)) / M.to(dtype) / (2.0 * norm)
@@ -201,10 +203,10 @@ def _backward_kernel(
         gy = q * (2.0 * dy) / h
         gz = q * (2.0 * dz) / h
         out = grad_dens_ptr + B * S
-        tl.store(out + offs, -(gx + gy + gz), mask=m)
-        tl.store(out + M + offs, gx, mask=m)
-        tl.store(out + 2 * M + offs, gy, mask=m)
-        tl.store(out + 3 * M + offs, gz, mask=m)
+        tl.store(out + offs, -(gx + gy + gz), mask=tap_ok)
+        tl.store(out + M + offs, gx, mask=tap_ok)
+        tl.store(out + 2 * M + offs, gy, mask=tap_ok)
+        tl.store(out + 3 * M + offs, gz, mask=tap_ok)
 
 
 def _halves(x: float) -> tuple[float, float]:

@@ -1,0 +1,144 @@
+"""Compile the kernels a CPU test run launched for a real GPU target, without a GPU.
+
+The Triton interpreter runs kernels as NumPy code and accepts programs the GPU compiler rejects (a
+variable that takes two shapes in the two branches of a runtime ``if``, an unsupported dtype
+cast, ...). :func:`recorded_launches` notes every interpreted launch (kernel, argument dtypes,
+integer and constexpr values); :func:`compile_recorded` then compiles each distinct launch for an
+NVIDIA target in a subprocess with the interpreter off, so a CPU-only machine catches those errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+__all__ = ["compile_recorded", "nvidia_backend_available", "recorded_launches"]
+
+_DTYPES = {
+    torch.float32: "fp32",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.float64: "fp64",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "i1",
+}
+
+
+def _describe(value: Any) -> list | None:
+    if isinstance(value, torch.Tensor):
+        return ["ptr", _DTYPES.get(value.dtype)]
+    if isinstance(value, bool):
+        return ["bool", value]
+    if isinstance(value, int):
+        return ["int", value]
+    if isinstance(value, float):
+        return ["float", value]
+    if value is None:
+        return ["none", None]
+    return None  # a value the compile check cannot reproduce (the launch is then skipped)
+
+
+@contextlib.contextmanager
+def recorded_launches() -> Iterator[list[tuple[str, str, dict[str, list | None]]]]:
+    """Inside the block, every kernel launch under ``TRITON_INTERPRET=1`` is appended to the
+    yielded list as ``(module, kernel name, {parameter: description})``."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    calls: list[tuple[str, str, dict[str, list | None]]] = []
+    original = InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        bound = {**dict(zip(self.arg_names, args)), **kwargs}
+        described = {n: _describe(bound[n]) for n in self.arg_names if n in bound}
+        calls.append((self.fn.__module__, self.fn.__name__, described))
+        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = run
+    try:
+        yield calls
+    finally:
+        InterpretedFunction.run = original
+
+
+def nvidia_backend_available() -> bool:
+    """Whether Triton's NVIDIA compiler backend is installed (it is on Linux x86-64 wheels)."""
+    return importlib.util.find_spec("triton.backends.nvidia") is not None
+
+
+_SCRIPT = r"""
+import importlib, json, sys, traceback
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+calls, capability = json.loads(sys.stdin.read())
+failures = []
+for module, name, described in calls:
+    fn = getattr(importlib.import_module(module), name)
+    while not isinstance(fn, JITFunction):
+        fn = fn.fn
+    signature, constexprs, attrs = {}, {}, {}
+    for i, param in enumerate(fn.params):
+        kind, value = described[param.name]
+        if param.is_constexpr or kind == "none":
+            signature[param.name] = "constexpr"
+            constexprs[param.name] = value
+        elif kind == "ptr":
+            signature[param.name] = "*" + value
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif kind in ("int", "bool"):
+            value = int(value)
+            signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            if value % 16 == 0 and value and param.name not in fn.do_not_specialize:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[param.name] = "fp32"
+    try:
+        triton.compile(
+            ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", capability, 32)
+        )
+    except Exception:
+        failures.append(f"{module}.{name} {constexprs}:\n{traceback.format_exc()[-3000:]}")
+print(json.dumps(failures))
+"""
+
+
+def compile_recorded(
+    calls: list[tuple[str, str, dict[str, list | None]]], *, capability: int = 90
+) -> list[str]:
+    """Compile every distinct recorded launch for ``sm_<capability>``; returns one message per
+    launch that failed to compile (empty when all compiled)."""
+    unique: dict[str, tuple] = {}
+    for module, name, described in calls:
+        if any(d is None for d in described.values()):
+            continue
+        unique[json.dumps([module, name, described], sort_keys=True)] = (module, name, described)
+    if not unique:
+        return []
+    # the kernels' modules import in the subprocess as they did here (test folders included)
+    path = os.pathsep.join(p for p in sys.path if p)
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=path)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT],
+        input=json.dumps([list(unique.values()), capability]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        return [f"the compile check itself failed:\n{proc.stderr[-3000:]}"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
