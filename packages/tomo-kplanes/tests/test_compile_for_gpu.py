@@ -13,17 +13,9 @@ from tomo_kplanes.objective import (
     TomographyObject,
     reconstruction_loss,
 )
-from triton_dispatch import interpreter_enabled
-from triton_dispatch.compile_check import (
-    compile_recorded,
-    nvidia_backend_available,
-    recorded_launches,
-)
+from triton_dispatch.compile_check import compile_recorded, recorded_launches, unavailable_reason
 
-pytestmark = pytest.mark.skipif(
-    not (interpreter_enabled() and nvidia_backend_available()),
-    reason="records interpreted launches; needs Triton's NVIDIA backend to compile them",
-)
+pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
 
 @pytest.fixture

@@ -20,7 +20,12 @@ from typing import Any
 
 import torch
 
-__all__ = ["compile_recorded", "nvidia_backend_available", "recorded_launches"]
+__all__ = [
+    "compile_recorded",
+    "nvidia_backend_available",
+    "recorded_launches",
+    "unavailable_reason",
+]
 
 _DTYPES = {
     torch.float32: "fp32",
@@ -75,6 +80,18 @@ def recorded_launches() -> Iterator[list[tuple[str, str, dict[str, list | None]]
 def nvidia_backend_available() -> bool:
     """Whether Triton's NVIDIA compiler backend is installed (it is on Linux x86-64 wheels)."""
     return importlib.util.find_spec("triton.backends.nvidia") is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why a compile check cannot run here (``None`` when it can): it records interpreted
+    launches, so the interpreter must be on, and it needs Triton's NVIDIA backend."""
+    from .backend import interpreter_enabled
+
+    if not interpreter_enabled():
+        return "records launches under the Triton interpreter (TRITON_INTERPRET=1)"
+    if not nvidia_backend_available():
+        return "Triton's NVIDIA backend is not installed"
+    return None
 
 
 _SCRIPT = r"""
