@@ -16,7 +16,12 @@ import torch
 
 pytest.importorskip("diffusers")
 
-from diffusers_test_helpers import check_bf16_session_parity
+from diffusers_test_helpers import (
+    bucketed_results,
+    check_bf16_session_parity,
+    mixed_requests,
+    session_results,
+)
 
 from stream_dit import Request, StreamSession, TorchEngine
 from stream_dit.model.stable_audio import (
@@ -41,34 +46,7 @@ def sa():
 
 
 def _requests(seed: int, n: int, *, cfg: bool) -> list[Request]:
-    """Mixed frame counts (padded frames in every batch), masked and unmasked conditioning."""
-    gen = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        frames = int(torch.randint(5, 29, (1,), generator=gen))
-        length = int(torch.randint(1, 9, (1,), generator=gen))
-        cond = torch.randn(length, D, generator=gen)
-        mask = None
-        if length > 2 and i % 3 == 1:
-            mask = torch.rand(length, generator=gen) > 0.4
-            mask[int(torch.randint(length, (1,), generator=gen))] = True
-        kw = {}
-        if cfg:
-            kw = {"cfg_type": "full", "guidance": 1.5 + i % 4}
-            if i % 4 == 3:  # an explicit negative prompt; otherwise the null condition
-                kw["negative"] = torch.randn(length + 1, D, generator=gen)
-        out.append(
-            Request(
-                frames=frames,
-                cond=cond,
-                cond_mask=mask,
-                seed=(seed % 100_000) * 100 + i,
-                steps=3 + i % 3,
-                shift=3.0,
-                **kw,
-            )
-        )
-    return out
+    return mixed_requests(seed, n, cfg=cfg, cond_dim=D)
 
 
 def _reference(adapter: StableAudioAdapter, r: Request) -> torch.Tensor:
@@ -88,21 +66,12 @@ def _reference(adapter: StableAudioAdapter, r: Request) -> torch.Tensor:
     ).cpu()
 
 
-def _session_results(adapter, requests, depth) -> list[torch.Tensor]:
-    engine = TorchEngine(adapter, max_batch=2 * depth, max_frames=32, max_cond_len=16)
-    session = StreamSession(adapter, engine, depth=depth, max_queue=len(requests))
-    handles = [session.submit(Request(**r.__dict__)) for r in requests]
-    session.run_until_idle()
-    assert all(h.result is not None for h in handles), [h.error for h in handles]
-    return [h.result for h in handles]
-
-
 @pytest.mark.parametrize("cfg", [False, True], ids=["plain", "cfg"])
 @pytest.mark.parametrize("depth", [1, 4, 8])
 def test_session_matches_diffusers_per_request(sa, depth, cfg, seed):
     requests = _requests(seed, 10, cfg=cfg)
     assert len({r.frames for r in requests}) > 1
-    got = _session_results(sa, requests, depth)
+    got = session_results(sa, requests, depth)
     for r, x in zip(requests, got):
         assert torch.isfinite(x).all()
         torch.testing.assert_close(x, _reference(sa, r), **TOL)
@@ -111,13 +80,8 @@ def test_session_matches_diffusers_per_request(sa, depth, cfg, seed):
 def test_bucketed_padding_matches_too(sa, seed):
     """Compile-style buckets pad T, L and the batch further than the tick does."""
     requests = _requests(seed + 7, 5, cfg=True)
-    engine = TorchEngine(sa, max_batch=8, max_frames=64, max_cond_len=16)
-    engine._bucketed = True  # the bucketing of compile/graphs modes, run eagerly on the CPU
-    session = StreamSession(sa, engine, depth=4)
-    handles = [session.submit(Request(**r.__dict__)) for r in requests]
-    session.run_until_idle()
-    for r, h in zip(requests, handles):
-        torch.testing.assert_close(h.result, _reference(sa, r), **TOL)
+    for r, result in zip(requests, bucketed_results(sa, requests)):
+        torch.testing.assert_close(result, _reference(sa, r), **TOL)
 
 
 def test_padded_rows_equal_rows_alone(sa, seed):
