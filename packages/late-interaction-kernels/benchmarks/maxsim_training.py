@@ -66,7 +66,7 @@ def main() -> None:
         baseline = step(einsum_scores, Q, D, grad)
         first = None
         for method in METHODS:
-            chosen = resolve_backward(method, 0 if k is None else 1, b, b if k is None else k)
+            chosen = resolve_backward(method, 0 if k is None else 1, b, b if k is None else k, lq)
             rec = compare(
                 f"train:{name}:{method}",
                 shape,

@@ -1,8 +1,9 @@
-"""MaxSim forward against the published peers, each in its own process (the published
-late-interaction-kernels has our import name), in one run: ``do_bench`` median GPU time and wall
-time per call (host timer over back-to-back calls, one synchronize).
+"""MaxSim forward, or forward + backward (``--train``), against the published peers, each in its
+own process (the published late-interaction-kernels has our import name), in one run: ``do_bench``
+median GPU time and wall time per call (host timer over back-to-back calls, one synchronize).
 
     python3 packages/late-interaction-kernels/benchmarks/peers.py --peers DIR --out peers.json
+    python3 packages/late-interaction-kernels/benchmarks/peers.py --train --peers DIR --out train.json
 
 ``DIR`` holds one folder per peer, each a ``pip install --no-deps --target`` of its wheel:
 ``lik`` (late-interaction-kernels 0.4.5) and ``flash-maxsim`` (flash-maxsim 0.3.0). A peer whose
@@ -29,6 +30,17 @@ SHAPES = [
     (1, 1000, 128, 1024),
 ]
 DIM = 128
+# --train: (name, B, K or None for all pairs against Nd documents, Nd, Lq, Ld), bf16; one step is
+# ``Q.grad = D.grad = None; maxsim(Q, D, backward=m).backward(g)``. Each backward method of a
+# package that has them is timed (the published package's too); flash-maxsim is forward-only here.
+TRAIN_SHAPES = [
+    ("hard-negatives-b128x8", 128, 8, None, 32, 1030),
+    ("hard-negatives-b256x16", 256, 16, None, 32, 1030),
+    ("rerank-grad-1x1000", 1, None, 1000, 32, 300),
+    ("pylate-in-batch-b256", 256, None, 256, 32, 300),
+    ("colpali-in-batch-b128", 128, None, 128, 32, 1030),
+]
+TRAIN_METHODS = ("auto", "lowmem", "unified")
 PEERS = {"lik": "late-interaction-kernels 0.4.5", "flash-maxsim": "flash-maxsim 0.3.0"}
 
 
@@ -47,6 +59,58 @@ def _function(impl: str):
     return call
 
 
+def _time(fn, calls: int) -> tuple[float, float]:
+    import torch
+    import triton.testing
+
+    fn()
+    torch.cuda.synchronize()
+    gpu_ms = triton.testing.do_bench(fn, warmup=50, rep=200, return_mode="median")
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return gpu_ms, (time.perf_counter() - start) / calls * 1e3
+
+
+def train_worker(impl: str, calls: int) -> None:
+    import torch
+
+    from late_interaction_kernels import maxsim
+
+    rows = []
+    for name, b, k, nd, lq, ld in TRAIN_SHAPES:
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        Q = torch.randn(b, lq, DIM, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+        shape = (nd, ld, DIM) if k is None else (b, k, ld, DIM)
+        D = torch.randn(shape, generator=gen).to("cuda", torch.bfloat16).requires_grad_()
+        g = torch.randn(b, nd if k is None else k, generator=gen).to("cuda")
+        for method in TRAIN_METHODS:
+
+            def step(m=method, Q=Q, D=D, g=g):
+                Q.grad = D.grad = None
+                maxsim(Q, D, backward=m).backward(g)
+
+            try:
+                gpu_ms, wall_ms = _time(step, max(calls // 10, 50))
+                torch.cuda.reset_peak_memory_stats()
+                step()
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() / 2**20
+                rows.append(dict(case=name, method=method, gpu_ms=gpu_ms, wall_ms=wall_ms, peak_mib=peak,
+                                 grad_sum=float(D.grad.float().sum())))  # fmt: skip
+            except Exception as exc:
+                rows.append(
+                    dict(case=name, method=method, error=f"{type(exc).__name__}: {exc}"[:200])
+                )
+        del Q, D, g
+        torch.cuda.empty_cache()
+    print("RESULT " + json.dumps(rows))
+
+
 def worker(impl: str, calls: int) -> None:
     import torch
     import triton.testing
@@ -60,7 +124,9 @@ def worker(impl: str, calls: int) -> None:
         try:
             ref = fn(Q, D)
             torch.cuda.synchronize()
-            gpu_ms = triton.testing.do_bench(lambda: fn(Q, D), warmup=50, rep=200, return_mode="median")
+            gpu_ms = triton.testing.do_bench(
+                lambda: fn(Q, D), warmup=50, rep=200, return_mode="median"
+            )
             for _ in range(20):
                 fn(Q, D)
             torch.cuda.synchronize()
@@ -76,10 +142,11 @@ def worker(impl: str, calls: int) -> None:
     print("RESULT " + json.dumps(rows))
 
 
-def _run(impl: str, path: str, calls: int) -> list[dict]:
+def _run(impl: str, path: str, calls: int, train: bool = False) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
     env.pop("TRITON_INTERPRET", None)
     cmd = [sys.executable, __file__, "--worker", impl, "--calls", str(calls)]
+    cmd += ["--train"] if train else []
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -93,20 +160,24 @@ def main() -> None:
     parser.add_argument("--peers", type=Path, default=Path(".peers"))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--train", action="store_true", help="forward + backward steps")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.calls)
+        (train_worker if args.train else worker)(args.worker, args.calls)
         return
     root = Path(__file__).resolve().parents[3]
     ours_path = os.pathsep.join(
-        [str(root / "shared" / "triton-dispatch" / "src"), str(root / "packages" / "late-interaction-kernels" / "src")]
+        [
+            str(root / "shared" / "triton-dispatch" / "src"),
+            str(root / "packages" / "late-interaction-kernels" / "src"),
+        ]
     )
-    results = {"ours": _run("ours", ours_path, args.calls)}
+    results = {"ours": _run("ours", ours_path, args.calls, args.train)}
     for impl in PEERS:
         folder = args.peers / impl
-        if folder.is_dir():
-            results[impl] = _run(impl, str(folder.resolve()), args.calls)
+        if folder.is_dir() and not (args.train and impl == "flash-maxsim"):
+            results[impl] = _run(impl, str(folder.resolve()), args.calls, args.train)
     import torch
     import triton
 
@@ -121,6 +192,9 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    if args.train:
+        print_train_table(results)
+        return
     header = f"{'shape (Nq,Nd,Lq,Ld)':22s}" + "".join(f"{k + ' gpu/wall ms':>30s}" for k in results)
     print(header)
     for i, shape in enumerate(SHAPES):
@@ -128,9 +202,40 @@ def main() -> None:
         for rows in results.values():
             r = rows[i] if i < len(rows) else {}
             cells.append(
-                f"{r['gpu_ms']:.4f} / {r['wall_ms']:.4f}" if "gpu_ms" in r else r.get("error", "-")[:28]
+                f"{r['gpu_ms']:.4f} / {r['wall_ms']:.4f}"
+                if "gpu_ms" in r
+                else r.get("error", "-")[:28]
             )
         print(f"{shape!s:22s}" + "".join(f"{c:>30s}" for c in cells))
+
+
+def print_train_table(results: dict) -> None:
+    print(f"{'case':26s} {'method':8s}" + "".join(f"{k + ' gpu/wall ms':>26s}" for k in results))
+    for i, (name, *_) in enumerate(TRAIN_SHAPES):
+        for j, method in enumerate(TRAIN_METHODS):
+            cells = []
+            for rows in results.values():
+                idx = i * len(TRAIN_METHODS) + j
+                r = rows[idx] if idx < len(rows) else {}
+                cells.append(
+                    f"{r['gpu_ms']:.3f} / {r['wall_ms']:.3f}"
+                    if "gpu_ms" in r
+                    else r.get("error", "-")[:24]
+                )
+            print(f"{name:26s} {method:8s}" + "".join(f"{c:>26s}" for c in cells))
+    best = {}
+    for impl, rows in results.items():
+        for r in rows:
+            if "gpu_ms" in r:
+                key = (r["case"], impl)
+                best[key] = min(best.get(key, float("inf")), r["gpu_ms"])
+    for name, *_ in TRAIN_SHAPES:
+        ours_auto = next((r["gpu_ms"] for r in results.get("ours", []) if r.get("case") == name
+                          and r.get("method") == "auto" and "gpu_ms" in r), None)  # fmt: skip
+        peer = best.get((name, "lik"))
+        if ours_auto and peer:
+            print(f"{name:26s} ours auto {ours_auto:.3f} ms, best published {peer:.3f} ms: "
+                  f"{peer / ours_auto:.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

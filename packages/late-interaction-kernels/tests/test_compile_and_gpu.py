@@ -52,6 +52,35 @@ def test_bf16_on_gpu(rng, method):
 
 
 @gpu
+@pytest.mark.parametrize("normalize", [False, True])
+def test_dense_lowmem_on_gpu(rng, normalize):
+    """lowmem's dense grad_D kernel with bf16 tensor-core dots: hard negatives (4-D) and a rerank
+    with gradients (one query against many documents), against float64."""
+    from late_interaction_kernels.ops.maxsim.backward_plan import uses_dense_kernel
+
+    assert uses_dense_kernel(1, 6, 32) and uses_dense_kernel(0, 1, 32)
+    Q = randn((6, 32, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn((6, 8, 300, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dm = rand_mask((6, 8, 300), generator=rng, device="cuda")
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, None, dm, normalize=normalize, backward="lowmem"),
+        lambda q, d: maxsim_reference(q, d, None, dm, normalize=normalize),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+    Q = randn((1, 32, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn((500, 300, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, normalize=normalize),
+        lambda q, d: maxsim_reference(q, d, normalize=normalize),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+
+
+@gpu
 @pytest.mark.parametrize("lq", [32, 128, 1030])
 def test_gpu_shapes_against_reference(rng, lq):
     Q = randn((4, lq, 96), generator=rng, device="cuda", dtype=torch.float16, requires_grad=True)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from late_interaction_kernels import maxsim, maxsim_pairs
-from late_interaction_kernels.ops.maxsim import backward, forward, maxsim_varlen
+from late_interaction_kernels.ops.maxsim import backward_plan, forward, maxsim_varlen
 from late_interaction_kernels.ops.maxsim.forward import maxsim_forward_triton
 from late_interaction_kernels.ops.maxsim.layout import ALL_PAIRS
 from late_interaction_kernels.ops.maxsim.reference import (
@@ -15,7 +15,16 @@ from late_interaction_kernels.ops.maxsim.reference import (
 )
 from triton_dispatch.testing import assert_close, assert_gradients_match, rand_mask, randn
 
-METHODS = ["unified", "lowmem"]
+#: ``lowmem-csr``: ``lowmem`` with its dense kernel switched off (the CSR kernel, which in-batch
+#: calls with many queries take), so both of its kernels run on the small shapes here
+METHODS = ["unified", "lowmem", "lowmem-csr"]
+
+
+def _method(monkeypatch, method: str) -> str:
+    if method == "lowmem-csr":
+        monkeypatch.setattr(backward_plan, "DENSE_MAX_QUERY_TOKENS", 0)
+        return "lowmem"
+    return method
 
 # Triton's interpreter turns its one-element loop bounds into ints the way NumPy deprecates
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
@@ -29,7 +38,8 @@ def _inputs(rng, device, q_shape, d_shape, dtype=torch.float32):
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("masked", [False, True])
-def test_all_pairs(rng, device, method, masked):
+def test_all_pairs(rng, device, monkeypatch, method, masked):
+    method = _method(monkeypatch, method)
     Q, D = _inputs(rng, device, (3, 20, 48), (4, 37, 48))
     qm = rand_mask((3, 20), generator=rng, device=device) if masked else None
     dm = rand_mask((4, 37), generator=rng, device=device) if masked else None
@@ -55,7 +65,7 @@ def test_all_pairs_query_groups(rng, device, lq, dim, masked, normalize):
     dm = rand_mask((3, 19), generator=rng, device=device) if masked else None
     if masked:
         dm[1] = False  # a fully masked document scores 0, no gradient
-    for method in METHODS:
+    for method in ("unified", "lowmem"):
         Q.grad = D.grad = None
         assert_gradients_match(
             lambda q, d, m=method: maxsim(q, d, qm, dm, normalize=normalize, backward=m),
@@ -74,7 +84,8 @@ def test_all_pairs_query_groups(rng, device, lq, dim, masked, normalize):
 
 @pytest.mark.parametrize("method", [*METHODS, "auto"])
 @pytest.mark.parametrize("masked", [False, True])
-def test_grouped_4d(rng, device, method, masked):
+def test_grouped_4d(rng, device, monkeypatch, method, masked):
+    method = _method(monkeypatch, method)
     Q, D = _inputs(rng, device, (2, 17, 32), (2, 3, 21, 32))
     qm = rand_mask((2, 17), generator=rng, device=device) if masked else None
     dm = rand_mask((2, 3, 21), generator=rng, device=device) if masked else None
@@ -88,7 +99,8 @@ def test_grouped_4d(rng, device, method, masked):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_pairs(rng, device, method):
+def test_pairs(rng, device, monkeypatch, method):
+    method = _method(monkeypatch, method)
     Q, D = _inputs(rng, device, (3, 9, 16), (3, 19, 16))
     qm = rand_mask((3, 9), generator=rng, device=device)
     dm = rand_mask((3, 19), generator=rng, device=device)
@@ -109,7 +121,8 @@ def _packed(rng, device, q_lens, d_lens, dim, dtype=torch.float32):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_varlen(rng, device, method):
+def test_varlen(rng, device, monkeypatch, method):
+    method = _method(monkeypatch, method)
     Qp, Dp, cu_q, cu_d = _packed(rng, device, [5, 1, 12], [17, 3, 9], 48)
     assert_gradients_match(
         lambda q, d: maxsim_varlen(q, d, cu_q, cu_d, 12, 17, backward=method),
@@ -166,6 +179,7 @@ def test_lowmem_is_bitwise_deterministic_and_agrees_with_unified(rng, device, la
 
 @pytest.mark.parametrize("method", METHODS)
 def test_long_queries_are_chunked_exactly(rng, device, monkeypatch, method):
+    method = _method(monkeypatch, method)
     Q, D = _inputs(rng, device, (2, 40, 16), (3, 11, 16))
     qm = rand_mask((2, 40), generator=rng, device=device)
     whole = maxsim(Q.detach(), D.detach(), qm)
@@ -209,7 +223,8 @@ def test_non_power_of_two_dims(rng, device, dim):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("method", METHODS)
-def test_half_precision(rng, device, dtype, method):
+def test_half_precision(rng, device, dtype, monkeypatch, method):
+    method = _method(monkeypatch, method)
     Q, D = _inputs(rng, device, (2, 16, 32), (3, 20, 32), dtype=dtype)
     assert_gradients_match(
         lambda q, d: maxsim(q, d, backward=method),
@@ -222,7 +237,8 @@ def test_half_precision(rng, device, dtype, method):
 
 @pytest.mark.parametrize("backend", [None, "torch"])
 @pytest.mark.parametrize("method", METHODS)
-def test_normalize(rng, device, method, backend):
+def test_normalize(rng, device, monkeypatch, method, backend):
+    method = _method(monkeypatch, method)
     Q, D = _inputs(rng, device, (2, 9, 48), (2, 3, 14, 48))
     with torch.no_grad():
         Q.mul_(5)
@@ -334,8 +350,9 @@ def test_every_layout_without_gradients(rng, device, backend):
 
 @pytest.mark.parametrize(("per_split", "max_splits"), [(2, 8), (1, 2)])
 def test_grad_q_splits_documents_over_programs(rng, device, monkeypatch, per_split, max_splits):
-    monkeypatch.setattr(backward, "DOCS_PER_SPLIT", per_split)
-    monkeypatch.setattr(backward, "MAX_DOC_SPLITS", max_splits)
+    monkeypatch.setattr(backward_plan, "DOCS_PER_SPLIT", per_split)
+    monkeypatch.setattr(backward_plan, "MIN_DOCS_PER_SPLIT", per_split)
+    monkeypatch.setattr(backward_plan, "MAX_DOC_SPLITS", max_splits)
     Q, D = _inputs(rng, device, (2, 7, 16), (5, 9, 16), dtype=torch.float16)
     dm = rand_mask((5, 9), generator=rng, device=device)
     assert_gradients_match(
@@ -345,3 +362,37 @@ def test_grad_q_splits_documents_over_programs(rng, device, monkeypatch, per_spl
         generator=rng,
         names=["Q", "D"],
     )
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_dense_grad_d_spans_row_blocks_and_query_chunks(rng, device, monkeypatch, normalize):
+    # lq 70 > one 64-token chunk, ld 40 > one row block: every loop of the dense kernel runs; the
+    # sort of the CSR kernel must not (the dense kernel writes every row itself)
+    monkeypatch.setattr(backward_plan, "invert_argmax", None)
+    Q, D = _inputs(rng, device, (2, 70, 16), (2, 2, 40, 16))
+    qm = rand_mask((2, 70), generator=rng, device=device)
+    dm = rand_mask((2, 2, 40), generator=rng, device=device)
+    dm[1, 0] = False  # a fully masked document: score 0, zero gradient
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, qm, dm, normalize=normalize),
+        lambda q, d: maxsim_reference(q, d, qm, dm, normalize=normalize),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+
+
+def test_rerank_gradient_takes_the_dense_kernel(rng, device, monkeypatch):
+    # one query against many documents: auto → lowmem's dense kernel, grad_Q split over programs
+    monkeypatch.setattr(backward_plan, "invert_argmax", None)
+    monkeypatch.setattr(backward_plan, "DOCS_PER_SPLIT", 2)
+    monkeypatch.setattr(backward_plan, "MIN_DOCS_PER_SPLIT", 2)
+    Q, D = _inputs(rng, device, (1, 12, 16), (7, 9, 16), dtype=torch.float16)
+    assert_gradients_match(maxsim, maxsim_reference, [Q, D], generator=rng, names=["Q", "D"])
+
+
+def test_doc_splits_fill_the_grid():
+    assert backward_plan.doc_splits(1000, 1, 528) == 125  # a rerank: runs of 8 documents
+    assert backward_plan.doc_splits(256, 256, 528) == 8  # in-batch: runs of 32
+    assert backward_plan.doc_splits(8, 128, 528) == 1  # hard negatives: one run per query
+    assert backward_plan.doc_splits(0, 0, 528) == 1

@@ -85,6 +85,11 @@ def test_unknown_backward_lists_valid_names(rng, device):
     assert resolve_backward(None, 1, 4, 8) == "lowmem"  # the 4-D layout
     assert resolve_backward("auto", 0, 2, 2) == "unified"
     assert resolve_backward("auto", 0, 256, 256) == "unified"  # measured: in-batch stays unified
+    assert resolve_backward("auto", 0, 256, 256, 32) == "unified"
+    assert resolve_backward("auto", 0, 1, 1000, 32) == "lowmem"  # a rerank: the dense kernel
+    assert resolve_backward("auto", 2, 4, 1, 32) == "lowmem"  # pairs
+    assert resolve_backward("auto", 3, 4, 1, 32) == "unified"  # varlen
+    assert resolve_backward("unified", 1, 4, 8, 32) == "unified"  # an explicit choice stays
 
 
 def test_normalize_must_be_bool(rng, device):

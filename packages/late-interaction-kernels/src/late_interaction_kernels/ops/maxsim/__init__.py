@@ -18,22 +18,28 @@ from .reference import compute_dtype
 BACKWARD_METHODS = ("auto", "unified", "lowmem")
 
 #: All-pairs batches with at least this many (query, document) pairs go to ``lowmem`` under
-#: ``auto``; ``None``: never. Measured on an H100 (BENCHMARKS.md), ``unified`` beat ``lowmem`` on
-#: every in-batch square (128×128 and 256×256 pairs, Ld 300 and 1030) in time and in memory: the
-#: documents of an in-batch step are few, so its fp32 gradient buffer is small, while ``lowmem``'s
-#: sort of the argmax rows grows with the number of pairs.
+#: ``auto``; ``None``: never. Measured on an H100 (BENCHMARKS.md), ``unified`` beat ``lowmem``'s
+#: CSR kernel on every in-batch square (128×128 and 256×256 pairs, Ld 300 and 1030) in time and in
+#: memory: the documents of an in-batch step are few, so its fp32 gradient buffer is small, while
+#: the CSR kernel's sort of the argmax rows grows with the number of pairs.
 AUTO_LOWMEM_MIN_PAIRS: int | None = None
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def resolve_backward(backward: str | None, layout: int, n_query: int, n_doc: int) -> str:
+def resolve_backward(
+    backward: str | None, layout: int, n_query: int, n_doc: int, lq: int | None = None
+) -> str:
     """The backward method a call will use: ``"unified"`` or ``"lowmem"``.
 
-    ``None``/``"auto"`` picks ``lowmem`` for the 4-D (query × its own K documents) layout, where
-    every document has its own rows and ``unified``'s fp32 buffer is as large as the documents
-    themselves, and ``unified`` for the other layouts (see :data:`AUTO_LOWMEM_MIN_PAIRS`).
+    ``None``/``"auto"`` picks ``lowmem`` wherever it runs its dense kernel, which writes
+    ``grad_D`` once with neither a sort nor an fp32 buffer: the 4-D (query × its own K documents)
+    layout, pairs, and all-pairs calls whose queries hold few tokens in all (a rerank with
+    gradients; ``lq`` is the query length, ``None`` if unknown). In-batch all-pairs calls and
+    varlen get ``unified`` (see :data:`AUTO_LOWMEM_MIN_PAIRS`).
     """
+    from .backward_plan import uses_dense_kernel
+
     method = "auto" if backward is None else backward
     if not isinstance(method, str) or method not in BACKWARD_METHODS:
         raise ValueError(
@@ -42,7 +48,9 @@ def resolve_backward(backward: str | None, layout: int, n_query: int, n_doc: int
         )
     if method != "auto":
         return method
-    if layout == GROUPED:
+    if layout in (GROUPED, PAIRS) or (
+        lq is not None and uses_dense_kernel(layout, n_query, lq)
+    ):
         return "lowmem"
     if (
         layout == ALL_PAIRS
@@ -201,7 +209,7 @@ def _resolve_maxsim(Q, D, q_mask, d_mask, normalize, backward, backend) -> _Call
     _check_mask("q_mask", q_mask, (nq, lq))
     _check_mask("d_mask", d_mask, tuple(D.shape[:-1]))
     chosen = _backend_for([Q, D, q_mask, d_mask], ["Q", "D", "q_mask", "d_mask"], backend)
-    method = resolve_backward(backward, layout, nq, n_doc)
+    method = resolve_backward(backward, layout, nq, n_doc, lq)
     normalize = _check_normalize(normalize)
     _no_grad_through_empty_docs(ld, Q, D)
     return _Call(layout, nq, n_doc, lq, ld, d, chosen, method, normalize, (nq, n_doc))
@@ -218,7 +226,7 @@ def _resolve_pairs(Q, D, q_mask, d_mask, normalize, backward, backend) -> _Call:
     _check_mask("q_mask", q_mask, (b, lq))
     _check_mask("d_mask", d_mask, (b, ld))
     chosen = _backend_for([Q, D, q_mask, d_mask], ["Q", "D", "q_mask", "d_mask"], backend)
-    method = resolve_backward(backward, PAIRS, b, 1)
+    method = resolve_backward(backward, PAIRS, b, 1, lq)
     normalize = _check_normalize(normalize)
     _no_grad_through_empty_docs(ld, Q, D)
     return _Call(PAIRS, b, 1, lq, ld, d, chosen, method, normalize, (b,))

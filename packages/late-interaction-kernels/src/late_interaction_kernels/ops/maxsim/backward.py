@@ -8,22 +8,26 @@ documents paired with its query, ``grad_score · D[argmax]`` in fp32 registers (
 * ``unified`` — one program per (pair, query block) adds ``grad_score · Q`` into an fp32 copy of
   ``grad_D`` with atomics: fastest when few query tokens collide on one document token, needs a
   full-size fp32 buffer (for bf16/fp16 inputs) and is not bitwise reproducible.
-* ``lowmem`` — destination-owned: the argmax rows are inverted into a sorted list (CSR) of the query
-  tokens that point at each document row; one program owns a block of document rows and sums its
-  contributors in fp32 registers, in a fixed order, and writes ``grad_D`` in the input dtype. No
-  atomics, no fp32 buffer, bitwise reproducible.
+* ``lowmem`` — destination-owned: one program owns a block of document rows, sums their
+  contributors in fp32 registers in a fixed order, and writes ``grad_D`` once in the input dtype.
+  No atomics, no fp32 buffer, bitwise reproducible. Two kernels:
+
+  - *dense* (:func:`maxsim_grad_d_dense_kernel`), when each document is scored by a few queries
+    (the 4-D layout, pairs, a rerank): the contributors of a row block are the argmax slots of its
+    few pairs, so the kernel matches them against its rows directly (a one-hot ``tl.dot`` of the
+    hits with the query tokens) and writes every row, zeros included: one pass over ``grad_D``,
+    no sort;
+  - *CSR* (:func:`maxsim_grad_d_owner_kernel`), for many queries per document (in-batch): the
+    argmax rows are first inverted into a sorted list of the query tokens that point at each row.
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from triton_dispatch import autotune, config_space, padded_dim, shape_bucket
+from triton_dispatch import autotune, config_space
 
-from .buffers import output_buffer
-from .layout import num_pairs
 from .tuning import tuning_bench, tuning_space
 
 _DEFAULT_Q = triton.Config({"BLOCK_Q": 32}, num_warps=4, num_stages=1)
@@ -37,11 +41,16 @@ _GD_CONFIGS = tuning_space(
 _LOWMEM_CONFIGS = tuning_space(
     config_space({"BLOCK_R": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1]), _DEFAULT_R
 )
+_DEFAULT_DENSE = triton.Config({"BLOCK_R": 64}, num_warps=4, num_stages=1)
+_DENSE_CONFIGS = tuning_space(
+    config_space({"BLOCK_R": [32, 64, 128]}, num_warps=[4, 8], num_stages=[1, 2]), _DEFAULT_DENSE
+)
 #: Rows per program of the in-place normalize backward. Not autotuned: autotune trials would run
 #: the in-place update many times on the same buffer (a memory-bound pass; one size is as good).
 NORMALIZE_BLOCK_R = 16
 _INTERPRET_Q = triton.Config({"BLOCK_Q": 16}, num_warps=4, num_stages=1)
 _INTERPRET_R = triton.Config({"BLOCK_R": 16}, num_warps=4, num_stages=1)
+_INTERPRET_DENSE = triton.Config({"BLOCK_R": 16}, num_warps=4, num_stages=1)
 
 
 @triton.jit
@@ -191,7 +200,9 @@ def maxsim_grad_d_atomic_kernel(
     )
 
 
-@autotune(_LOWMEM_CONFIGS, key=["BLOCK_K", "LAYOUT"], interpret_config=_INTERPRET_R, do_bench=tuning_bench)
+@autotune(
+    _LOWMEM_CONFIGS, key=["BLOCK_K", "LAYOUT"], interpret_config=_INTERPRET_R, do_bench=tuning_bench
+)
 @triton.jit
 def maxsim_grad_d_owner_kernel(
     G,
@@ -231,114 +242,115 @@ def maxsim_grad_d_owner_kernel(
         if NORMALIZE:
             q = q * _inv_norm(q)[:, None]
         acc += tl.where(has[:, None], g[:, None] * q, 0.0)
-    tl.store(GD + r[:, None] * dim + k[None, :], acc.to(GD.dtype.element_ty), mask=r_ok[:, None] & k_ok[None, :])
-
-
-def invert_argmax(argmax: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """CSR inverse of the argmax rows: ``order`` lists (pair, token) slots sorted by the document
-    row they point at (stable, so the order is fixed), ``offsets[r]:offsets[r+1]`` are row ``r``'s.
-    Slots without a winner (-1) sort before row 0 and belong to no row. Three device ops, no host
-    synchronisation (each op costs host time comparable to the kernels at training sizes)."""
-    sorted_target, order = torch.sort(argmax.reshape(-1), stable=True)
-    rows = torch.arange(n_rows + 1, device=argmax.device, dtype=sorted_target.dtype)
-    offsets = torch.searchsorted(sorted_target, rows)
-    return order, offsets
-
-
-def _through_normalize(grad_hat: torch.Tensor, x: torch.Tensor) -> None:
-    """Turn, in place, the gradient w.r.t. normalised rows into the gradient w.r.t. ``x``."""
-    n_rows, dim = x.shape
-    if n_rows == 0:
-        return
-    grid = (triton.cdiv(n_rows, NORMALIZE_BLOCK_R),)
-    normalize_backward_kernel[grid](
-        grad_hat, x, grad_hat, n_rows, dim, BLOCK_K=padded_dim(dim), BLOCK_R=NORMALIZE_BLOCK_R
+    tl.store(
+        GD + r[:, None] * dim + k[None, :],
+        acc.to(GD.dtype.element_ty),
+        mask=r_ok[:, None] & k_ok[None, :],
     )
 
 
-#: The gathered grad_Q splits a query's documents over programs once it has more than this many
-#: (a PyLate batch of 256 would otherwise loop over 256 documents in one program), into at most
-#: MAX_DOC_SPLITS fp32 partial sums added afterwards in a fixed order (deterministic).
-DOCS_PER_SPLIT = 32
-MAX_DOC_SPLITS = 8
-
-
-def _grad_q(grad, Q2, D2, argmax, cu, layout, n_query, per_query, lq, normalize) -> torch.Tensor:
-    rows, dim = Q2.shape
-    n_split = min(triton.cdiv(per_query, DOCS_PER_SPLIT), MAX_DOC_SPLITS)
-    if layout == 3:  # varlen rows past cu_seqlens_q[-1] belong to no query and are never written
-        out = torch.zeros_like(Q2)
-    elif n_split > 1:
-        out = output_buffer((n_split, rows, dim), dtype=torch.float32, device=Q2.device)
+@triton.jit
+def _hits_times_queries(hit, q, NORMALIZE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """``hit (R, T) @ q̂ (T, K)`` in fp32, where ``hit`` is 0/1 and ``q̂`` is ``q`` (normalised when
+    ``NORMALIZE``). 16-bit queries go through the tensor cores exactly: a 0/1 operand makes every
+    product exact, and a normalised row is split into a 16-bit head and tail."""
+    if UPCAST or IEEE:  # fp32 (and the interpreter's bf16, whose bf16 dots are wrong): IEEE dot
+        x = q.to(tl.float32)
+        if NORMALIZE:
+            x = x * _inv_norm(x)[:, None]
+        out = tl.dot(hit.to(tl.float32), x, input_precision="ieee")
+    elif NORMALIZE:
+        x = q.to(tl.float32)
+        x = x * _inv_norm(x)[:, None]
+        head = x.to(q.dtype)
+        tail = (x - head.to(tl.float32)).to(q.dtype)
+        h = hit.to(q.dtype)
+        out = tl.dot(h, head) + tl.dot(h, tail)
     else:
-        out = output_buffer(Q2.shape, dtype=Q2.dtype, device=Q2.device)
-    if n_query == 0 or lq == 0:
-        return out.zero_() if out.dim() == 2 else out.new_zeros(Q2.shape).to(Q2.dtype)
-    grid = lambda meta: (n_query, triton.cdiv(lq, meta["BLOCK_Q"]), n_split)
-    maxsim_grad_q_kernel[grid](
-        grad, D2, argmax, cu, out, per_query, triton.cdiv(per_query, n_split), rows, lq, dim,
-        shape_bucket(lq, minimum=16, maximum=512),
-        LAYOUT=layout, NORMALIZE=normalize, BLOCK_K=padded_dim(dim),
-    )  # fmt: skip
-    if n_split > 1:
-        out = out.sum(0)
-    if normalize:
-        _through_normalize(out, Q2)
-    return out.to(Q2.dtype)
+        out = tl.dot(hit.to(q.dtype), q)
+    return out
 
 
-def maxsim_backward_triton(
-    grad: torch.Tensor,
-    Q2: torch.Tensor,
-    D2: torch.Tensor,
-    argmax: torch.Tensor,
-    cu_q: torch.Tensor | None,
-    layout: int,
-    n_query: int,
-    n_doc: int,
-    lq: int,
-    method: str,
-    need_q: bool = True,
-    need_d: bool = True,
-    normalize: bool = False,
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``(grad_Q2, grad_D2)`` in the inputs' dtype; ``method`` is ``"unified"`` or ``"lowmem"``."""
-    dim = Q2.shape[-1]
-    n_pairs = num_pairs(layout, n_query, n_doc)
-    grad = grad.to(torch.float32).contiguous()
-    block_k = padded_dim(dim)
-    lq_bucket = shape_bucket(lq, minimum=16, maximum=512)
-    per_query = n_doc if layout in (0, 1) else 1
-    dummy = grad
-    cu = cu_q if cu_q is not None else dummy
-    grad_q = grad_d = None
-    if need_q:
-        grad_q = _grad_q(grad, Q2, D2, argmax, cu, layout, n_query, per_query, lq, normalize)
-    if need_d:
-        n_rows = D2.shape[0]
-        if method == "unified":
-            exact = D2.dtype == torch.float32
-            acc = torch.zeros(D2.shape, dtype=torch.float32, device=D2.device)
-            if n_pairs > 0 and lq > 0:
-                grid = lambda meta: (n_pairs, triton.cdiv(lq, meta["BLOCK_Q"]))
-                maxsim_grad_d_atomic_kernel[grid](
-                    grad, Q2, argmax, cu, acc, per_query, lq, dim, lq_bucket,
-                    LAYOUT=layout, NORMALIZE=normalize, BLOCK_K=block_k,
-                )  # fmt: skip
-            if normalize:
-                _through_normalize(acc, D2)
-            grad_d = acc if exact else acc.to(D2.dtype)
-        elif method == "lowmem":
-            grad_d = output_buffer(D2.shape, dtype=D2.dtype, device=D2.device)
-            if n_rows > 0:
-                order, offsets = invert_argmax(argmax, n_rows)
-                grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]),)
-                maxsim_grad_d_owner_kernel[grid](
-                    grad, Q2, order, offsets, cu, grad_d, n_rows, per_query, lq, dim,
-                    LAYOUT=layout, NORMALIZE=normalize, BLOCK_K=block_k,
-                )  # fmt: skip
-                if normalize:
-                    _through_normalize(grad_d, D2)
+@autotune(
+    _DENSE_CONFIGS,
+    key=["BLOCK_K", "BLOCK_T", "LAYOUT", "NORMALIZE", "LD_BUCKET"],
+    interpret_config=_INTERPRET_DENSE,
+    do_bench=tuning_bench,
+)
+@triton.jit
+def maxsim_grad_d_dense_kernel(
+    G,
+    Q,
+    D,
+    ARGMAX,
+    GD,
+    n_query,
+    n_doc,
+    lq,
+    ld,
+    dim,
+    LD_BUCKET,
+    LAYOUT: tl.constexpr,
+    NORMALIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """One program per (document, block of its rows): every row's gradient, zeros included.
+
+    ``LAYOUT`` 0 (all pairs): the contributors of document ``doc`` are the slots of every query's
+    pair with it, weighted by that pair's output gradient; otherwise the document is its own pair
+    (the 4-D layout: query ``doc // n_doc``; pairs: query ``doc``, with ``n_doc = 1``).
+    """
+    doc = tl.program_id(0).to(tl.int64)
+    local = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    row_ok = local < ld
+    rows = doc * ld + local
+    k = tl.arange(0, BLOCK_K)
+    k_ok = k < dim
+    acc = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
+    if LAYOUT == 0:
+        n_source = n_query
+    else:
+        n_source = 1
+    for s in range(0, n_source):
+        if LAYOUT == 0:
+            source = tl.cast(s, tl.int64)  # a Python int under the interpreter
+            pair = source * n_doc + doc
+            q_start = source * lq
         else:
-            raise ValueError(f"backward method {method!r}; expected 'unified' or 'lowmem'")
-    return grad_q, grad_d
+            pair = doc
+            q_start = (doc // n_doc) * lq
+        g = tl.load(G + pair)
+        for t0 in range(0, lq, BLOCK_T):
+            t = t0 + tl.arange(0, BLOCK_T)
+            t_ok = t < lq
+            a = tl.load(ARGMAX + pair * lq + t, mask=t_ok, other=-1)
+            hit = rows[:, None] == a.to(tl.int64)[None, :]
+            q = tl.load(
+                Q + (q_start + t)[:, None] * dim + k[None, :],
+                mask=t_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            acc += g * _hits_times_queries(hit, q, NORMALIZE, UPCAST, IEEE)
+    if NORMALIZE:
+        # through F.normalize of the document rows; rows without a contributor stay 0 and their
+        # document row is not read
+        live = tl.sum(tl.where(acc != 0.0, 1, 0), 1) > 0
+        x = tl.load(
+            D + rows[:, None] * dim + k[None, :],
+            mask=(row_ok & live)[:, None] & k_ok[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        norm = tl.sqrt(tl.sum(x * x, 1))
+        inv = 1.0 / tl.maximum(norm, 1e-12)
+        x_hat = x * inv[:, None]
+        proj = tl.where(norm > 1e-12, tl.sum(acc * x_hat, 1), 0.0)
+        acc = inv[:, None] * (acc - proj[:, None] * x_hat)
+    tl.store(
+        GD + rows[:, None] * dim + k[None, :],
+        acc.to(GD.dtype.element_ty),
+        mask=row_ok[:, None] & k_ok[None, :],
+    )

@@ -24,7 +24,7 @@ def _triton_forward(*args):
 
 
 def _triton_backward(*args, **kwargs):
-    from .backward import maxsim_backward_triton
+    from .backward_plan import maxsim_backward_triton
 
     return maxsim_backward_triton(*args, **kwargs)
 

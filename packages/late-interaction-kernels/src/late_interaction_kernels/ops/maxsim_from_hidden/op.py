@@ -120,7 +120,7 @@ def _(grad, argmax, Q, H, W, b, normalize, chunk_size):
 
 def from_hidden_backward(grad, argmax, Q, H, W, b, normalize, chunk_size):
     """See :func:`from_hidden_backward_op`."""
-    from ..maxsim.backward import maxsim_backward_triton
+    from ..maxsim.backward_plan import maxsim_backward_triton
 
     nq, lq, dim = Q.shape
     nd, ld, hdim = H.shape
