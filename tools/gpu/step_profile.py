@@ -51,6 +51,29 @@ def make_step(case, method):
     return step
 
 
+def autograd_floor():
+    """The least an eager training step of one custom autograd op costs on this host: one
+    ``torch.autograd.Function`` with one elementwise kernel each way (rerank-sized tensors)."""
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    x = torch.randn(1000, 32, device="cuda", requires_grad=True)
+    g = torch.randn(1000, 32, device="cuda")
+
+    def step():
+        x.grad = None
+        Scale.apply(x).backward(g)
+
+    return step
+
+
 def kernel_table(step, steps: int = 5) -> list[dict]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -77,6 +100,17 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results, listings = [], []
+    floor = autograd_floor()
+    for _ in range(20):
+        floor()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        floor()
+    torch.cuda.synchronize()
+    floor_ms = (time.perf_counter() - start) / args.steps * 1e3
+    results.append({"case": "autograd-floor", "method": "-", "wall_ms": floor_ms})
+    print(f"one autograd.Function step (floor): wall {floor_ms:.3f} ms", flush=True)
     for case in args.cases:
         for method in args.methods:
             step = make_step(case, method)

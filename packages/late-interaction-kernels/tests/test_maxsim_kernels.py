@@ -396,3 +396,17 @@ def test_doc_splits_fill_the_grid():
     assert backward_plan.doc_splits(256, 256, 528) == 8  # in-batch: runs of 32
     assert backward_plan.doc_splits(8, 128, 528) == 1  # hard negatives: one run per query
     assert backward_plan.doc_splits(0, 0, 528) == 1
+
+
+def test_dense_grad_d_splits_long_documents_over_programs(rng, device, monkeypatch):
+    # one pair of a 300-row document: the rows are split into runs of 128 over three programs
+    monkeypatch.setattr(backward_plan, "invert_argmax", None)
+    Q, D = _inputs(rng, device, (1, 9, 16), (1, 300, 16))
+    dm = rand_mask((1, 300), generator=rng, device=device)
+    assert_gradients_match(
+        lambda q, d: maxsim_pairs(q, d, None, dm),
+        lambda q, d: maxsim_pairs_reference(q, d, None, dm),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )

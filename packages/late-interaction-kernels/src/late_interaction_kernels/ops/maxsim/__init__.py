@@ -48,9 +48,7 @@ def resolve_backward(
         )
     if method != "auto":
         return method
-    if layout in (GROUPED, PAIRS) or (
-        lq is not None and uses_dense_kernel(layout, n_query, lq)
-    ):
+    if layout in (GROUPED, PAIRS) or (lq is not None and uses_dense_kernel(layout, n_query, lq)):
         return "lowmem"
     if (
         layout == ALL_PAIRS
@@ -68,9 +66,7 @@ def _check_tensor(name: str, t, rank: int | tuple[int, ...], layout_text: str) -
     if t.dim() not in ranks:
         raise ValueError(f"{name} must be {layout_text}; got shape {tuple(t.shape)}")
     if t.dtype not in _FLOAT_DTYPES:
-        raise TypeError(
-            f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}"
-        )
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
 
 
 def _check_pair(Q: torch.Tensor, D: torch.Tensor, qn: str = "Q", dn: str = "D") -> None:
@@ -311,7 +307,10 @@ def maxsim_pairs(
                 key,
                 lambda: _plan(
                     _resolve_pairs(Q, D, q_mask, d_mask, normalize, backward, backend),
-                    Q, D, q_mask, d_mask,
+                    Q,
+                    D,
+                    q_mask,
+                    d_mask,
                 ),
             )
             return plan(Q, D, q_mask, d_mask)
@@ -369,7 +368,9 @@ def maxsim_varlen(
             f"{cu_seqlens_q.numel()} and {cu_seqlens_d.numel()}"
         )
     tensors = [Q_packed, D_packed, cu_seqlens_q, cu_seqlens_d]
-    chosen = _backend_for(tensors, ["Q_packed", "D_packed", "cu_seqlens_q", "cu_seqlens_d"], backend)
+    chosen = _backend_for(
+        tensors, ["Q_packed", "D_packed", "cu_seqlens_q", "cu_seqlens_d"], backend
+    )
     b = cu_seqlens_q.numel() - 1
     method = resolve_backward(backward, VARLEN, b, 1)
     normalize = _check_normalize(normalize)

@@ -271,9 +271,26 @@ def _hits_times_queries(hit, q, NORMALIZE: tl.constexpr, UPCAST: tl.constexpr, I
     return out
 
 
+@triton.jit
+def _through_normalize_rows(acc, D, rows, row_ok, k, k_ok, dim):
+    """``acc`` (the gradient w.r.t. normalised document rows) through ``F.normalize``; rows
+    without a contributor stay 0 and their document row is not read."""
+    live = tl.sum(tl.where(acc != 0.0, 1, 0), 1) > 0
+    x = tl.load(
+        D + rows[:, None] * dim + k[None, :],
+        mask=(row_ok & live)[:, None] & k_ok[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    norm = tl.sqrt(tl.sum(x * x, 1))
+    inv = 1.0 / tl.maximum(norm, 1e-12)
+    x_hat = x * inv[:, None]
+    proj = tl.where(norm > 1e-12, tl.sum(acc * x_hat, 1), 0.0)
+    return inv[:, None] * (acc - proj[:, None] * x_hat)
+
+
 @autotune(
     _DENSE_CONFIGS,
-    key=["BLOCK_K", "BLOCK_T", "LAYOUT", "NORMALIZE", "LD_BUCKET"],
+    key=["BLOCK_K", "BLOCK_T", "LAYOUT", "NORMALIZE", "ONE_CHUNK"],
     interpret_config=_INTERPRET_DENSE,
     do_bench=tuning_bench,
 )
@@ -288,69 +305,77 @@ def maxsim_grad_d_dense_kernel(
     n_doc,
     lq,
     ld,
+    rows_per_program,
     dim,
-    LD_BUCKET,
     LAYOUT: tl.constexpr,
     NORMALIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
-    """One program per (document, block of its rows): every row's gradient, zeros included.
+    """One program per (document, run of ``rows_per_program`` of its rows): every row's gradient,
+    zeros included, written once, in order (the runs stream like the forward's reads).
 
     ``LAYOUT`` 0 (all pairs): the contributors of document ``doc`` are the slots of every query's
     pair with it, weighted by that pair's output gradient; otherwise the document is its own pair
     (the 4-D layout: query ``doc // n_doc``; pairs: query ``doc``, with ``n_doc = 1``).
+    ``ONE_CHUNK``: one source query of at most ``BLOCK_T`` tokens, loaded once per program.
     """
     doc = tl.program_id(0).to(tl.int64)
-    local = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    row_ok = local < ld
-    rows = doc * ld + local
+    first = tl.program_id(1) * rows_per_program
+    last = tl.minimum(first + rows_per_program, ld)
     k = tl.arange(0, BLOCK_K)
     k_ok = k < dim
-    acc = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
-    if LAYOUT == 0:
-        n_source = n_query
-    else:
-        n_source = 1
-    for s in range(0, n_source):
-        if LAYOUT == 0:
-            source = tl.cast(s, tl.int64)  # a Python int under the interpreter
-            pair = source * n_doc + doc
-            q_start = source * lq
-        else:
-            pair = doc
-            q_start = (doc // n_doc) * lq
-        g = tl.load(G + pair)
-        for t0 in range(0, lq, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            t_ok = t < lq
-            a = tl.load(ARGMAX + pair * lq + t, mask=t_ok, other=-1)
-            hit = rows[:, None] == a.to(tl.int64)[None, :]
-            q = tl.load(
-                Q + (q_start + t)[:, None] * dim + k[None, :],
-                mask=t_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            acc += g * _hits_times_queries(hit, q, NORMALIZE, UPCAST, IEEE)
-    if NORMALIZE:
-        # through F.normalize of the document rows; rows without a contributor stay 0 and their
-        # document row is not read
-        live = tl.sum(tl.where(acc != 0.0, 1, 0), 1) > 0
-        x = tl.load(
-            D + rows[:, None] * dim + k[None, :],
-            mask=(row_ok & live)[:, None] & k_ok[None, :],
+    t = tl.arange(0, BLOCK_T)
+    if ONE_CHUNK:
+        g = tl.load(G + doc)
+        t_ok = t < lq
+        a = tl.load(ARGMAX + doc * lq + t, mask=t_ok, other=-1).to(tl.int64)
+        q = tl.load(
+            Q + ((doc // n_doc) * lq + t)[:, None] * dim + k[None, :],
+            mask=t_ok[:, None] & k_ok[None, :],
             other=0.0,
-        ).to(tl.float32)
-        norm = tl.sqrt(tl.sum(x * x, 1))
-        inv = 1.0 / tl.maximum(norm, 1e-12)
-        x_hat = x * inv[:, None]
-        proj = tl.where(norm > 1e-12, tl.sum(acc * x_hat, 1), 0.0)
-        acc = inv[:, None] * (acc - proj[:, None] * x_hat)
-    tl.store(
-        GD + rows[:, None] * dim + k[None, :],
-        acc.to(GD.dtype.element_ty),
-        mask=row_ok[:, None] & k_ok[None, :],
-    )
+        )
+    for r0 in range(first, last, BLOCK_R):
+        local = r0 + tl.arange(0, BLOCK_R)
+        row_ok = local < last
+        rows = doc * ld + local
+        if ONE_CHUNK:
+            hit = rows[:, None] == a[None, :]
+            acc = g * _hits_times_queries(hit, q, NORMALIZE, UPCAST, IEEE)
+        else:
+            acc = tl.zeros((BLOCK_R, BLOCK_K), dtype=tl.float32)
+            if LAYOUT == 0:
+                n_source = n_query
+            else:
+                n_source = 1
+            for s in range(0, n_source):
+                if LAYOUT == 0:
+                    source = tl.cast(s, tl.int64)  # a Python int under the interpreter
+                    pair = source * n_doc + doc
+                    q_start = source * lq
+                else:
+                    pair = doc
+                    q_start = (doc // n_doc) * lq
+                g_s = tl.load(G + pair)
+                for t0 in range(0, lq, BLOCK_T):
+                    tt = t0 + t
+                    tt_ok = tt < lq
+                    a_s = tl.load(ARGMAX + pair * lq + tt, mask=tt_ok, other=-1)
+                    hit = rows[:, None] == a_s.to(tl.int64)[None, :]
+                    q_s = tl.load(
+                        Q + (q_start + tt)[:, None] * dim + k[None, :],
+                        mask=tt_ok[:, None] & k_ok[None, :],
+                        other=0.0,
+                    )
+                    acc += g_s * _hits_times_queries(hit, q_s, NORMALIZE, UPCAST, IEEE)
+        if NORMALIZE:
+            acc = _through_normalize_rows(acc, D, rows, row_ok, k, k_ok, dim)
+        tl.store(
+            GD + rows[:, None] * dim + k[None, :],
+            acc.to(GD.dtype.element_ty),
+            mask=row_ok[:, None] & k_ok[None, :],
+        )

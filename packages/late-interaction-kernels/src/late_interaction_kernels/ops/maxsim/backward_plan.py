@@ -133,23 +133,30 @@ class BackwardPlan:
         elif self.dense:
             ld = d_rows // max(self.n_pairs if layout != ALL_PAIRS else n_doc, 1)
             n_docs = n_doc if layout == ALL_PAIRS else self.n_pairs
+            # runs of rows per program (multiples of the largest row block) until the grid fills
+            splits = min(
+                triton.cdiv(_programs_target(device), max(n_docs, 1)), triton.cdiv(ld, 128)
+            )
+            rows_per_program = triton.cdiv(triton.cdiv(ld, max(splits, 1)), 128) * 128
             upcast, ieee = dot_settings(dtype)
+            block_t = padded_dim(min(lq, 64))
             self.grad_d = KernelLaunch(
                 maxsim_grad_d_dense_kernel,
-                lambda meta: (n_docs, triton.cdiv(ld, meta["BLOCK_R"])),
+                (n_docs, triton.cdiv(ld, rows_per_program)),
                 dict(
                     n_query=n_query,
                     n_doc=per_query,
                     lq=lq,
                     ld=ld,
+                    rows_per_program=rows_per_program,
                     dim=dim,
-                    LD_BUCKET=shape_bucket(ld, minimum=64, maximum=4096),
                     LAYOUT=0 if layout == ALL_PAIRS else 1,
                     NORMALIZE=normalize,
                     UPCAST=upcast,
                     IEEE=ieee,
+                    ONE_CHUNK=layout != ALL_PAIRS and lq <= block_t,
                     BLOCK_K=block_k,
-                    BLOCK_T=padded_dim(min(lq, 64)),
+                    BLOCK_T=block_t,
                 ),
                 device=device,
             )

@@ -106,7 +106,9 @@ def _best_over_document(
         if UPCAST:
             x = x.to(tl.float32)
         if HAS_DM:
-            col_ok = col_ok & (tl.load(DM + doc.to(tl.int64) * ld + cols, mask=col_ok, other=0) != 0)
+            col_ok = col_ok & (
+                tl.load(DM + doc.to(tl.int64) * ld + cols, mask=col_ok, other=0) != 0
+            )
         if IEEE:
             s = tl.dot(q, x, input_precision="ieee")
         else:
@@ -381,10 +383,16 @@ class ForwardPlan:
                 maxsim_fwd_kernel,
                 (n_pairs, self.n_chunks),
                 dict(
-                    n_doc=max(n_doc, 1), lq=lq, ld=ld, chunk_len=chunk_len,
-                    n_chunks=self.n_chunks, dim=dim,
-                    LQ_BUCKET=shape_bucket(chunk_len, minimum=16, maximum=512), LAYOUT=layout,
-                    DYNAMIC_BOUNDS=not interpreter_enabled(), **flags,
+                    n_doc=max(n_doc, 1),
+                    lq=lq,
+                    ld=ld,
+                    chunk_len=chunk_len,
+                    n_chunks=self.n_chunks,
+                    dim=dim,
+                    LQ_BUCKET=shape_bucket(chunk_len, minimum=16, maximum=512),
+                    LAYOUT=layout,
+                    DYNAMIC_BOUNDS=not interpreter_enabled(),
+                    **flags,
                 ),
                 device=device,
             )

@@ -49,7 +49,21 @@ def maxsim_forward_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scores ``(pairs,)`` and the argmax rows ``(pairs, lq)`` (``(0,)`` when not saved).
     ``method`` is only read by the backward."""
-    args = (Q2, D2, q_mask, d_mask, cu_q, cu_d, layout, n_query, n_doc, lq, ld, save_argmax, normalize)
+    args = (
+        Q2,
+        D2,
+        q_mask,
+        d_mask,
+        cu_q,
+        cu_d,
+        layout,
+        n_query,
+        n_doc,
+        lq,
+        ld,
+        save_argmax,
+        normalize,
+    )
     scores, argmax = forward_torch(*args) if backend == "torch" else _triton_forward(*args)
     if not save_argmax:  # eager plans share one empty tensor; an op's outputs must be its own
         argmax = Q2.new_empty(_EMPTY, dtype=torch.int32)

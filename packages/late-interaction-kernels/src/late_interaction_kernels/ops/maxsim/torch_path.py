@@ -93,7 +93,10 @@ def backward_torch(
     grad_d = torch.zeros(D2.shape, dtype=ct, device=D2.device)
     grad_d.index_add_(0, target, Qc[rows] * g)
     if normalize:
-        grad_q, grad_d = normalize_backward(grad_q, Q2.to(ct)), normalize_backward(grad_d, D2.to(ct))
+        grad_q, grad_d = (
+            normalize_backward(grad_q, Q2.to(ct)),
+            normalize_backward(grad_d, D2.to(ct)),
+        )
     return grad_q.to(Q2.dtype), grad_d.to(D2.dtype)
 
 
