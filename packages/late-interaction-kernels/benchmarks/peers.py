@@ -60,6 +60,8 @@ def _function(impl: str):
 
 
 def _time(fn, calls: int) -> tuple[float, float]:
+    """``(do_bench median ms, wall ms per call)``. Inline rather than ``triton_dispatch.bench``:
+    a peer's process has only the peer on its path."""
     import torch
     import triton.testing
 
@@ -113,7 +115,6 @@ def train_worker(impl: str, calls: int) -> None:
 
 def worker(impl: str, calls: int) -> None:
     import torch
-    import triton.testing
 
     fn = _function(impl)
     rows = []
@@ -123,18 +124,7 @@ def worker(impl: str, calls: int) -> None:
         D = torch.randn(nd, ld, DIM, generator=gen).to("cuda", torch.bfloat16)
         try:
             ref = fn(Q, D)
-            torch.cuda.synchronize()
-            gpu_ms = triton.testing.do_bench(
-                lambda: fn(Q, D), warmup=50, rep=200, return_mode="median"
-            )
-            for _ in range(20):
-                fn(Q, D)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn(Q, D)
-            torch.cuda.synchronize()
-            wall_ms = (time.perf_counter() - start) / calls * 1e3
+            gpu_ms, wall_ms = _time(lambda Q=Q, D=D: fn(Q, D), calls)
             checksum = float(ref.float().sum())
             rows.append(dict(shape=[nq, nd, lq, ld], gpu_ms=gpu_ms, wall_ms=wall_ms, sum=checksum))
         except Exception as exc:  # a peer without this layout
