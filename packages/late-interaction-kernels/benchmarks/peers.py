@@ -28,6 +28,8 @@ SHAPES = [
     (1, 1000, 32, 1024),
     (128, 128, 32, 300),
     (1, 1000, 128, 1024),
+    (1, 1000, 1024, 1024),
+    (32, 32, 1024, 1024),
 ]
 DIM = 128
 # --train: (name, B, K or None for all pairs against Nd documents, Nd, Lq, Ld), bf16; one step is

@@ -50,7 +50,9 @@ def main() -> int:
         "chunk_len": "i32", "n_chunks": "i32", "d_bound": "i32", "dim": "i32", "LQ_BUCKET": "i32",
     }  # fmt: skip
     for layout in (0, 1, 2, 3):
-        for dtype, norm, blocks in (("bf16", True, (64, 64)), ("fp32", False, (16, 128))):
+        for dtype, norm, blocks in (
+            ("bf16", True, (64, 64)), ("fp32", False, (16, 128)), ("bf16", False, (128, 256)),
+        ):  # fmt: skip
             cx = dict(
                 LAYOUT=layout, HAS_QM=layout != 3, HAS_DM=layout != 3, SAVE_ARGMAX=not norm,
                 UPCAST=False, NORMALIZE=norm, NORM_EPS=1e-12, IEEE=dtype == "fp32",

@@ -69,12 +69,14 @@ def _forward_config_ok(kw, warps, stages) -> bool:
     tile = kw["BLOCK_Q"] * kw["BLOCK_D"]
     if (tile >= 128 * 128 and warps < 8) or (tile <= 32 * 64 and warps == 8):
         return False
+    if kw["BLOCK_D"] == 256 and kw["BLOCK_Q"] < 64:  # wide tiles only for the compute-bound rows
+        return False
     return not (kw["BLOCK_Q"] >= 64 and stages == 2)
 
 
 _FWD_CONFIGS = tuning_space(
     config_space(
-        {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [32, 64, 128]},
+        {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [32, 64, 128, 256]},
         num_warps=[4, 8],
         num_stages=[2, 3, 4],
         where=_forward_config_ok,
@@ -85,45 +87,79 @@ _FWD_INTERPRET = triton.Config({"BLOCK_Q": 16, "BLOCK_D": 16}, num_warps=4, num_
 
 
 @triton.jit
-def _best_over_document(
-    q, q_scale, D, DM, doc, d_start, d_len, d_stop, ld, dim, k, k_ok,
-    HAS_DM: tl.constexpr, SAVE_ARGMAX: tl.constexpr, UPCAST: tl.constexpr,
-    NORMALIZE: tl.constexpr, NORM_EPS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+def _score_tile(
+    q, q_scale, D, DM, doc, d_start, d_len, ld, dim, k, k_ok, j0, best, best_idx,
+    MASKED: tl.constexpr, HAS_DM: tl.constexpr, SAVE_ARGMAX: tl.constexpr,
+    UPCAST: tl.constexpr, NORMALIZE: tl.constexpr, NORM_EPS: tl.constexpr, IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    """Each query row's best similarity over one document's tokens (``-inf`` when no token is
-    valid) and, with ``SAVE_ARGMAX``, the first column reaching it."""
-    best = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
-    best_idx = tl.zeros((BLOCK_Q,), dtype=tl.int32)
-    for j0 in range(0, d_stop, BLOCK_D):
-        cols = j0 + tl.arange(0, BLOCK_D)
+    """Fold document columns ``[j0, j0 + BLOCK_D)`` into each query row's running best.
+    ``MASKED``: the tile may run past the document (the last one); full tiles skip the bound
+    checks, which are a third of the elementwise work per similarity."""
+    cols = j0 + tl.arange(0, BLOCK_D)
+    if MASKED:
         col_ok = cols < d_len
         if EVEN_K:
             x_ok = col_ok[None, :]
         else:
             x_ok = col_ok[None, :] & k_ok[:, None]
         x = tl.load(D + (d_start + cols)[None, :] * dim + k[:, None], mask=x_ok, other=0.0)
-        if UPCAST:
-            x = x.to(tl.float32)
-        if HAS_DM:
-            col_ok = col_ok & (
-                tl.load(DM + doc.to(tl.int64) * ld + cols, mask=col_ok, other=0) != 0
-            )
-        if IEEE:
-            s = tl.dot(q, x, input_precision="ieee")
-        else:
-            s = tl.dot(q, x)
-        if NORMALIZE:
-            # cosine from the raw dot product: no normalised copy of Q or D is ever written
-            x32 = x.to(tl.float32)
-            x_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(x32 * x32, 0)), NORM_EPS)
-            s = s * q_scale[:, None] * x_scale[None, :]
+    elif EVEN_K:
+        col_ok = cols >= 0
+        x = tl.load(D + (d_start + cols)[None, :] * dim + k[:, None])
+    else:
+        col_ok = cols >= 0
+        x = tl.load(D + (d_start + cols)[None, :] * dim + k[:, None], mask=k_ok[:, None], other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    if HAS_DM:
+        col_ok = col_ok & (tl.load(DM + doc.to(tl.int64) * ld + cols, mask=col_ok, other=0) != 0)
+    if IEEE:
+        s = tl.dot(q, x, input_precision="ieee")
+    else:
+        s = tl.dot(q, x)
+    if NORMALIZE:
+        # cosine from the raw dot product: no normalised copy of Q or D is ever written
+        x32 = x.to(tl.float32)
+        x_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(x32 * x32, 0)), NORM_EPS)
+        s = s * q_scale[:, None] * x_scale[None, :]
+    if MASKED or HAS_DM:
         s = tl.where(col_ok[None, :], s, float("-inf"))
-        tile_best = tl.reduce(s, 1, max_nan)
-        if SAVE_ARGMAX:
-            first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
-            best_idx = tl.where(tile_best > best, first, best_idx)
-        best = max_nan(best, tile_best)
+    tile_best = tl.reduce(s, 1, max_nan)
+    if SAVE_ARGMAX:
+        first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
+        best_idx = tl.where(tile_best > best, first, best_idx)
+    best = max_nan(best, tile_best)
+    return best, best_idx
+
+
+@triton.jit
+def _best_over_document(
+    q, q_scale, D, DM, doc, d_start, d_len, d_stop, ld, dim, k, k_ok,
+    HAS_DM: tl.constexpr, SAVE_ARGMAX: tl.constexpr, UPCAST: tl.constexpr,
+    NORMALIZE: tl.constexpr, NORM_EPS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+    DYNAMIC_BOUNDS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """Each query row's best similarity over one document's tokens (``-inf`` when no token is
+    valid) and, with ``SAVE_ARGMAX``, the first column reaching it. On the GPU the document's full
+    tiles run unmasked and only a last partial tile is masked; the interpreter (static loop
+    bounds) masks every tile."""
+    best = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
+    best_idx = tl.zeros((BLOCK_Q,), dtype=tl.int32)
+    if DYNAMIC_BOUNDS:
+        d_full = (d_len // BLOCK_D) * BLOCK_D
+    else:
+        d_full = 0
+    for j0 in range(0, d_full, BLOCK_D):
+        best, best_idx = _score_tile(
+            q, q_scale, D, DM, doc, d_start, d_len, ld, dim, k, k_ok, j0, best, best_idx,
+            False, HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, BLOCK_D,
+        )  # fmt: skip
+    for j0 in range(d_full, d_stop, BLOCK_D):
+        best, best_idx = _score_tile(
+            q, q_scale, D, DM, doc, d_start, d_len, ld, dim, k, k_ok, j0, best, best_idx,
+            True, HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, BLOCK_D,
+        )  # fmt: skip
     return best, best_idx
 
 
@@ -166,8 +202,11 @@ def maxsim_fwd_kernel(
     BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    pair = tl.program_id(0)
-    chunk = tl.program_id(1)
+    # chunks of one pair are neighbours in launch order, so they run together and read the
+    # document from L2 (pair-major order re-read a long query's documents once per chunk)
+    pid = tl.program_id(0)
+    pair = pid // n_chunks
+    chunk = pid % n_chunks
     if LAYOUT == 0:  # ALL_PAIRS
         qi = pair // n_doc
         doc = pair % n_doc
@@ -219,7 +258,8 @@ def maxsim_fwd_kernel(
             q_scale = tl.zeros((BLOCK_Q,), dtype=tl.float32)  # unused
         best, best_idx = _best_over_document(
             q, q_scale, D, DM, doc, d_start, d_len, d_stop, ld, dim, k, k_ok,
-            HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, BLOCK_Q, BLOCK_D,
+            HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, DYNAMIC_BOUNDS,
+            BLOCK_Q, BLOCK_D,
         )  # fmt: skip
         keep = row_ok & (best != float("-inf"))
         if HAS_QM:
@@ -313,7 +353,7 @@ def maxsim_fwd_query_group_kernel(
     d_start = doc.to(tl.int64) * ld
     best, best_idx = _best_over_document(
         q, q_scale, D, DM, doc, d_start, ld, ld, ld, dim, k, k_ok,
-        HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, BLOCK_Q, BLOCK_D,
+        HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, True, BLOCK_Q, BLOCK_D,
     )  # fmt: skip
     keep = row_ok & (best != float("-inf"))
     if HAS_QM:
@@ -381,7 +421,7 @@ class ForwardPlan:
         else:
             self.launch = KernelLaunch(
                 maxsim_fwd_kernel,
-                (n_pairs, self.n_chunks),
+                (n_pairs * self.n_chunks,),
                 dict(
                     n_doc=max(n_doc, 1),
                     lq=lq,
