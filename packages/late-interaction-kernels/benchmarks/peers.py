@@ -4,6 +4,13 @@ median GPU time and wall time per call (host timer over back-to-back calls, one 
 
     python3 packages/late-interaction-kernels/benchmarks/peers.py --peers DIR --out peers.json
     python3 packages/late-interaction-kernels/benchmarks/peers.py --train --peers DIR --out train.json
+    python3 packages/late-interaction-kernels/benchmarks/peers.py --mode fp8 --peers DIR --out fp8.json
+    python3 packages/late-interaction-kernels/benchmarks/peers.py --mode topk --peers DIR --out topk.json
+
+``--mode fp8`` times ``fp8.maxsim_inference_fp8`` (inputs quantised once by each package's own
+``quantize_fp8_per_tensor`` / ``_per_token``) beside that package's bf16 ``maxsim``; ``--mode
+topk`` times ``topk.maxsim_topk`` (k = 100) beside ``maxsim`` + ``torch.topk``. Both packages
+expose these under the same names, so one worker serves both; flash-maxsim is left out there.
 
 ``DIR`` holds one folder per peer, each a ``pip install --no-deps --target`` of its wheel:
 ``lik`` (late-interaction-kernels 0.4.5) and ``flash-maxsim`` (flash-maxsim 0.3.0). A peer whose
@@ -43,6 +50,10 @@ TRAIN_SHAPES = [
     ("colpali-in-batch-b128", 128, None, 128, 32, 1030),
 ]
 TRAIN_METHODS = ("auto", "lowmem", "unified")
+# --mode fp8: (name, Nq, Nd, Lq, Ld); --mode topk: (name, Nq, Nd, Lq, Ld), k = TOPK
+FP8_SHAPES = [("corpus", 1, 10000, 32, 300), ("colpali-rerank", 1, 1000, 128, 1024)]
+TOPK_SHAPES = [("1-query-100k", 1, 100000, 32, 300), ("16-queries-20k", 16, 20000, 32, 300)]
+TOPK = 100
 PEERS = {"lik": "late-interaction-kernels 0.4.5", "flash-maxsim": "flash-maxsim 0.3.0"}
 
 
@@ -115,6 +126,76 @@ def train_worker(impl: str, calls: int) -> None:
     print("RESULT " + json.dumps(rows))
 
 
+def _unit(shape, gen):
+    import torch
+
+    x = torch.randn(*shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+    return torch.nn.functional.normalize(x, dim=-1)
+
+
+def fp8_worker(impl: str, calls: int) -> None:
+    import torch
+
+    from late_interaction_kernels import maxsim
+    from late_interaction_kernels.fp8 import (
+        maxsim_inference_fp8,
+        quantize_fp8_per_tensor,
+        quantize_fp8_per_token,
+    )
+
+    rows = []
+    for name, nq, nd, lq, ld in FP8_SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        Q, D = _unit((nq, lq, DIM), gen), _unit((nd, ld, DIM), gen)
+        bf16_ms, bf16_wall = _time(lambda Q=Q, D=D: maxsim(Q, D), calls)
+        for scales, quantize in (
+            ("per-tensor", quantize_fp8_per_tensor),
+            ("per-token", quantize_fp8_per_token),
+        ):
+            try:
+                (q8, sq), (d8, sd) = quantize(Q), quantize(D)
+                fn = lambda q8=q8, d8=d8, sq=sq, sd=sd: maxsim_inference_fp8(
+                    q8, d8, scale_Q=sq, scale_D=sd
+                )
+                gpu_ms, wall_ms = _time(fn, calls)
+                rows.append(dict(case=name, scales=scales, gpu_ms=gpu_ms, wall_ms=wall_ms,
+                                 bf16_ms=bf16_ms, bf16_wall_ms=bf16_wall, sum=float(fn().sum())))  # fmt: skip
+            except Exception as exc:
+                rows.append(
+                    dict(case=name, scales=scales, error=f"{type(exc).__name__}: {exc}"[:200])
+                )
+        del Q, D
+        torch.cuda.empty_cache()
+    print("RESULT " + json.dumps(rows))
+
+
+def topk_worker(impl: str, calls: int) -> None:
+    import torch
+
+    from late_interaction_kernels import maxsim
+    from late_interaction_kernels.topk import maxsim_topk
+
+    rows = []
+    for name, nq, nd, lq, ld in TOPK_SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        Q, D = _unit((nq, lq, DIM), gen), _unit((nd, ld, DIM), gen)
+        try:
+            base_ms, base_wall = _time(lambda Q=Q, D=D: maxsim(Q, D).topk(TOPK, dim=1), 20)
+            fn = lambda Q=Q, D=D: maxsim_topk(Q, D, TOPK)
+            gpu_ms, wall_ms = _time(fn, 20)
+            torch.cuda.reset_peak_memory_stats()
+            fn()
+            torch.cuda.synchronize()
+            extra = torch.cuda.max_memory_allocated() - Q.nbytes - D.nbytes
+            rows.append(dict(case=name, gpu_ms=gpu_ms, wall_ms=wall_ms, baseline_ms=base_ms,
+                             baseline_wall_ms=base_wall, extra_mib=extra / 2**20))  # fmt: skip
+        except Exception as exc:
+            rows.append(dict(case=name, error=f"{type(exc).__name__}: {exc}"[:200]))
+        del Q, D
+        torch.cuda.empty_cache()
+    print("RESULT " + json.dumps(rows))
+
+
 def worker(impl: str, calls: int) -> None:
     import torch
 
@@ -134,11 +215,10 @@ def worker(impl: str, calls: int) -> None:
     print("RESULT " + json.dumps(rows))
 
 
-def _run(impl: str, path: str, calls: int, train: bool = False) -> list[dict]:
+def _run(impl: str, path: str, calls: int, mode: str = "forward") -> list[dict]:
     env = dict(os.environ, PYTHONPATH=path, PYTHONUNBUFFERED="1")
     env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, __file__, "--worker", impl, "--calls", str(calls)]
-    cmd += ["--train"] if train else []
+    cmd = [sys.executable, __file__, "--worker", impl, "--calls", str(calls), "--mode", mode]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -152,11 +232,13 @@ def main() -> None:
     parser.add_argument("--peers", type=Path, default=Path(".peers"))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--calls", type=int, default=1000)
-    parser.add_argument("--train", action="store_true", help="forward + backward steps")
+    parser.add_argument("--mode", choices=list(WORKERS), default="forward")
+    parser.add_argument("--train", action="store_true", help="forward + backward (--mode train)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    mode = "train" if args.train else args.mode
     if args.worker:
-        (train_worker if args.train else worker)(args.worker, args.calls)
+        WORKERS[mode](args.worker, args.calls)
         return
     root = Path(__file__).resolve().parents[3]
     ours_path = os.pathsep.join(
@@ -165,11 +247,11 @@ def main() -> None:
             str(root / "packages" / "late-interaction-kernels" / "src"),
         ]
     )
-    results = {"ours": _run("ours", ours_path, args.calls, args.train)}
+    results = {"ours": _run("ours", ours_path, args.calls, mode)}
     for impl in PEERS:
         folder = args.peers / impl
-        if folder.is_dir() and not (args.train and impl == "flash-maxsim"):
-            results[impl] = _run(impl, str(folder.resolve()), args.calls, args.train)
+        if folder.is_dir() and (mode == "forward" or impl == "lik"):
+            results[impl] = _run(impl, str(folder.resolve()), args.calls, mode)
     import torch
     import triton
 
@@ -184,8 +266,18 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
-    if args.train:
+    if mode == "train":
         print_train_table(results)
+        return
+    if mode in ("fp8", "topk"):
+        for impl, rows in results.items():
+            for r in rows:
+                print(
+                    impl,
+                    json.dumps(
+                        {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
+                    ),
+                )
         return
     header = f"{'shape (Nq,Nd,Lq,Ld)':22s}" + "".join(f"{k + ' gpu/wall ms':>30s}" for k in results)
     print(header)
@@ -229,6 +321,8 @@ def print_train_table(results: dict) -> None:
             print(f"{name:26s} ours auto {ours_auto:.3f} ms, best published {peer:.3f} ms: "
                   f"{peer / ours_auto:.2f}x")  # fmt: skip
 
+
+WORKERS = {"forward": worker, "train": train_worker, "fp8": fp8_worker, "topk": topk_worker}
 
 if __name__ == "__main__":
     main()
