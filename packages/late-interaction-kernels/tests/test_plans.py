@@ -46,3 +46,32 @@ def test_plans_are_reused_only_for_their_metadata(rng, monkeypatch):
         finally:
             monkeypatch.delenv("TRITON_DISPATCH_PLAN_CACHE")
         assert torch.equal(got, uncached), label
+
+
+def test_training_calls_reuse_one_planned_autograd_node(rng):
+    """A training call binds the forward and backward plans into one autograd node over the
+    caller's tensors; a repeat call (new values, strided Q, an expanded output gradient) reuses
+    the plan and still matches the float64 reference."""
+    from triton_dispatch.testing import assert_gradients_match
+
+    _MAXSIM_PLANS.clear()
+    wide = randn((2, 3, 16), generator=rng)
+    for call, Q in enumerate([randn((2, 3, 8), generator=rng), wide[..., ::2], wide[..., 1::2]]):
+        Q = Q.detach().requires_grad_()
+        D = randn((2, 2, 5, 8), generator=rng, requires_grad=True)
+        dm = rand_mask((2, 2, 5), generator=rng)
+        out = maxsim(Q, D, None, dm)
+        assert type(out.grad_fn).__name__ == "PlannedMaxSimBackward"
+        out.sum().backward()  # the output gradient arrives expanded (stride 0)
+        Qr, Dr = Q.detach().double().requires_grad_(), D.detach().double().requires_grad_()
+        maxsim_reference(Qr, Dr, None, dm).sum().backward()
+        assert_close(Q.grad, Qr.grad, dtype=torch.float32, name=f"grad Q, call {call}")
+        assert_close(D.grad, Dr.grad, dtype=torch.float32, name=f"grad D, call {call}")
+        Q.grad = D.grad = None
+        assert_gradients_match(
+            lambda q, d, m=dm: maxsim(q, d, None, m),
+            lambda q, d, m=dm: maxsim_reference(q, d, None, m),
+            [Q, D], generator=rng, names=["Q", "D"],
+        )  # fmt: skip
+    # contiguous Q, then two strided Qs sharing one plan (the key holds contiguity, not strides)
+    assert _MAXSIM_PLANS.misses == 2 and _MAXSIM_PLANS.hits >= 2

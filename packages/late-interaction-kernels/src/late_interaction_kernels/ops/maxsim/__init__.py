@@ -245,21 +245,34 @@ def _run(call: _Call, Q, D, q_mask, d_mask) -> torch.Tensor:
 
 
 def _plan(call: _Call, Q, D, q_mask, d_mask):
-    """The eager plan of a validated call. Inference on the Triton backend binds the forward
-    plan directly (views of contiguous inputs, one output allocation, one launch); every other
-    call runs :func:`_run`."""
-    layout, nq, n_doc, lq, ld, d, chosen, _, normalize, out_shape = call
+    """The eager plan of a validated call on the Triton backend: inference binds the forward plan
+    directly (views of contiguous inputs, one output allocation, one launch), training binds the
+    forward and backward plans into one autograd node (:class:`.op.PlannedMaxSim`). Other calls
+    run :func:`_run`."""
+    layout, nq, n_doc, lq, ld, d, chosen, method, normalize, out_shape = call
     degenerate = nq == 0 or n_doc == 0 or lq == 0 or ld == 0
-    if degenerate or chosen != "triton" or _needs_grad(Q, D):
+    if degenerate or chosen != "triton":
         return lambda Q, D, q_mask, d_mask: _run(call, Q, D, q_mask, d_mask)
     from .forward import FORWARD_PLANS, ForwardPlan
 
+    training = _needs_grad(Q, D)
     meta = (
         layout, nq, n_doc, lq, ld, d, Q.dtype, Q.device, q_mask is not None, d_mask is not None,
-        False, normalize,
+        training, normalize,
     )  # fmt: skip
     forward = FORWARD_PLANS.get(meta, lambda: ForwardPlan(*meta))
     q_rows, d_rows = nq * lq, math.prod(D.shape[:-1])
+    if training:
+        from .backward_plan import BACKWARD_PLANS, BackwardPlan
+        from .op import PlannedMaxSim
+
+        bmeta = (
+            layout, nq, n_doc, lq, q_rows, d_rows, d, Q.dtype, Q.device, method,
+            Q.requires_grad, D.requires_grad, normalize,
+        )  # fmt: skip
+        backward = BACKWARD_PLANS.get(bmeta, lambda: BackwardPlan(*bmeta))
+        plans = (forward, backward, q_rows, d_rows, ld, out_shape)
+        return lambda Q, D, q_mask, d_mask: PlannedMaxSim.apply(Q, D, q_mask, d_mask, plans)
     views = Q.is_contiguous() and D.is_contiguous()
     masks_contiguous = all(m is None or m.is_contiguous() for m in (q_mask, d_mask))
     if views and masks_contiguous and q_mask is None and d_mask is None:

@@ -187,6 +187,35 @@ class _EagerMaxSim(torch.autograd.Function):
         return (gq if need_q else None, gd if need_d else None) + (None,) * 13
 
 
+class PlannedMaxSim(torch.autograd.Function):
+    """An eager training call whose forward and backward launches are already planned
+    (``plans = (forward plan, backward plan, q_rows, d_rows, ld, out_shape)``): one autograd node
+    over the caller's own tensors, reshaped inside (no view nodes), the least host work a
+    training step's scoring can cost."""
+
+    @staticmethod
+    def forward(ctx, Q, D, q_mask, d_mask, plans):
+        forward, backward, q_rows, d_rows, ld, out_shape = plans
+        Q2 = Q.reshape(q_rows, Q.shape[-1]).contiguous()
+        D2 = D.reshape(d_rows, D.shape[-1]).contiguous()
+        qm = None if q_mask is None else q_mask.contiguous()
+        dm = None if d_mask is None else d_mask.contiguous().view(-1, ld)
+        scores, argmax = forward(Q2, D2, qm, dm, None, None)
+        ctx.save_for_backward(Q2, D2, argmax)
+        ctx.backward_plan = backward
+        ctx.shapes = (Q.shape, D.shape)
+        return scores.view(out_shape)
+
+    @staticmethod
+    def backward(ctx, grad_scores):
+        Q2, D2, argmax = ctx.saved_tensors
+        gq, gd = ctx.backward_plan(grad_scores.reshape(-1), Q2, D2, argmax, None)
+        q_shape, d_shape = ctx.shapes
+        gq = gq.view(q_shape) if gq is not None and ctx.needs_input_grad[0] else None
+        gd = gd.view(d_shape) if gd is not None and ctx.needs_input_grad[1] else None
+        return gq, gd, None, None, None
+
+
 def _forward_impl(*args) -> tuple[torch.Tensor, torch.Tensor]:
     backend, normalize = args[12], args[14]
     inputs = (*args[:12], normalize)
