@@ -58,6 +58,29 @@ def test_ragged_layout_matches_padded(normalize, rng):
                                max_seqlen_d=1)  # fmt: skip
 
 
+
+def test_wrappers_read_the_collection_values_once(rng, monkeypatch):
+    """The wrappers check codes and lengths under their own names; for inference the fused op
+    must not read the same values back again (one more host synchronisation). With gradients it
+    still does (its zero-length-document rule)."""
+    from late_interaction_kernels.ops import maxsim_residual as op
+
+    reads = []
+    check = op._check_values
+    monkeypatch.setattr(op, "_check_values", lambda *a: reads.append(1) or check(*a))
+    codes, residuals, lengths, centroids, weights = _index(rng, 4)
+    Q = torch.randn(2, 3, 16, generator=rng)
+    mask = torch.arange(codes.shape[1]) < lengths[:, None]
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    want = maxsim_residual_reference(Q.double(), codes, residuals, lengths, centroids, weights, 4)
+    assert_close(maxsim_residual(Q, codes, residuals, lengths, centroids, weights, 4), want)
+    assert_close(
+        maxsim_residual_varlen(Q, codes[mask], residuals[mask], cu, centroids, weights, 4), want
+    )
+    assert reads == []
+    maxsim_residual(Q.requires_grad_(), codes, residuals, lengths, centroids, weights, 4)
+    assert reads == [1]
+
 def test_approx_score(rng):
     codes, _, lengths, _, _ = _index(rng, 2, nd=5)
     lengths[0] = 0

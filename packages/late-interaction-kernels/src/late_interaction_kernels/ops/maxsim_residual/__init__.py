@@ -17,7 +17,7 @@ from ..maxsim import maxsim
 from .op import residual_forward_op
 from .reference import decompress
 
-__all__ = ["maxsim_residual"]
+__all__ = ["maxsim_residual", "maxsim_residual_prechecked"]
 
 #: Documents decompressed per chunk when none is given.
 DEFAULT_CHUNK_SIZE = 1024
@@ -160,15 +160,51 @@ def maxsim_residual(
     _validate(
         Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size
     )
-    device = common_device([Q, doclens])
-    chosen = select_backend(device=device, backend=backend)
-    needs_grad = Q.requires_grad and torch.is_grad_enabled()
     if not torch.compiler.is_compiling():
         shortest = _check_values(codes, doclens, centroids.shape[0])
-        if needs_grad and doclens.numel() and shortest == 0:
+        if Q.requires_grad and torch.is_grad_enabled() and doclens.numel() and shortest == 0:
             raise ValueError(
                 "a zero-length document has no gradient: drop it, or score under torch.no_grad()"
             )
+    return _score(
+        Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size,
+        backend,
+    )  # fmt: skip
+
+
+def maxsim_residual_prechecked(
+    Q: torch.Tensor,
+    centroids: torch.Tensor,
+    codes: torch.Tensor,
+    packed_residuals: torch.Tensor,
+    bucket_weights: torch.Tensor,
+    doclens: torch.Tensor,
+    *,
+    nbits: int,
+    q_mask: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """:func:`maxsim_residual` for a caller that has already checked the collection's values
+    (every code indexes a centroid, ``doclens`` add up to the tokens, no zero-length document
+    under gradients), as the PLAID wrappers do under their own argument names: the same metadata
+    checks, without the host synchronisation that reads the values again."""
+    _validate(
+        Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask,
+        DEFAULT_CHUNK_SIZE,
+    )  # fmt: skip
+    return _score(
+        Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask,
+        DEFAULT_CHUNK_SIZE, backend,
+    )  # fmt: skip
+
+
+def _score(
+    Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size,
+    backend,
+) -> torch.Tensor:  # fmt: skip
+    device = common_device([Q, doclens])
+    chosen = select_backend(device=device, backend=backend)
+    needs_grad = Q.requires_grad and torch.is_grad_enabled()
     if uses_triton(chosen) and Q.dtype != torch.float64:
         offsets = torch.cat([doclens.new_zeros(1), doclens.cumsum(0)]).to(torch.int64)
         scores, _ = residual_forward_op(

@@ -17,6 +17,7 @@ from triton_dispatch import common_device, select_backend, uses_triton
 
 from ..maxsim import maxsim
 from ..maxsim_residual import maxsim_residual as _fused_residual
+from ..maxsim_residual import maxsim_residual_prechecked
 from ..varlen.layout import check_devices, check_offsets, loop_bound, pad
 from .kernels import launch_plaid_approx_score
 from .reference import decompress_padded, length_mask
@@ -96,7 +97,14 @@ def _check_codes(name: str, valid_codes: torch.Tensor, n_centroids: int) -> None
 def _fused(Q, codes_flat, residuals_flat, lengths, centroids, bucket_weights, nbits, q_mask,
            backend):  # fmt: skip
     packed = _BIT_REVERSED.to(residuals_flat.device)[residuals_flat.to(torch.uint8).long()]
-    return _fused_residual(
+    # the wrappers checked the codes and lengths already; with gradients the op still checks
+    # (a zero-length document has no gradient)
+    score = (
+        _fused_residual
+        if Q.requires_grad and torch.is_grad_enabled()
+        else maxsim_residual_prechecked
+    )
+    return score(
         F.normalize(Q, dim=-1), centroids, codes_flat, packed, bucket_weights.float(), lengths,
         nbits=nbits, q_mask=q_mask, backend=backend,
     )  # fmt: skip
