@@ -49,7 +49,7 @@ def main() -> int:
         "PARTIAL": "*fp32", "ARGMAX": "*i32", "n_doc": "i32", "lq": "i32", "ld": "i32",
         "chunk_len": "i32", "n_chunks": "i32", "d_bound": "i32", "dim": "i32", "LQ_BUCKET": "i32",
     }  # fmt: skip
-    for layout in (0, 1, 2, 3):
+    for layout in (0, 1, 2, 3, 4):
         for dtype, norm, blocks in (
             ("bf16", True, (64, 64)), ("fp32", False, (16, 128)), ("bf16", False, (128, 256)),
         ):  # fmt: skip
@@ -71,7 +71,7 @@ def main() -> int:
             BLOCK_Q=blocks[0], BLOCK_D=blocks[1],
         )  # fmt: skip
         check(f"forward query groups {qgroup}", forward.maxsim_fwd_query_group_kernel, group, cx)
-    for layout in (0, 3):
+    for layout in (0, 3, 4):
         cx = dict(LAYOUT=layout, NORMALIZE=layout == 3, BLOCK_K=128, BLOCK_Q=32)
         common = {"G": "*fp32", "ARGMAX": "*i32", "CUQ": "*i32", "n_doc": "i32", "lq": "i32",
                   "dim": "i32", "LQ_BUCKET": "i32"}  # fmt: skip

@@ -34,6 +34,29 @@ def test_varlen_all_pairs_with_independent_counts(rng, backend):
     )  # fmt: skip
 
 
+
+@pytest.mark.parametrize(("method", "normalize"), [("unified", False), ("lowmem", True)])
+def test_varlen_all_pairs_runs_on_the_packed_tokens(rng, monkeypatch, method, normalize):
+    """The kernels read the packed tokens through the offsets: no padded copy (``pad`` is never
+    called). Packed rows before ``cu[0]`` and after ``cu[-1]`` belong to no sequence and get a
+    zero gradient; a query longer than one chunk is scored in chunks."""
+    from late_interaction_kernels.ops import varlen
+    from late_interaction_kernels.ops.maxsim import forward
+
+    unit = (lambda x: torch.nn.functional.normalize(x, dim=-1)) if normalize else (lambda x: x)
+    monkeypatch.setattr(varlen, "pad", None)
+    monkeypatch.setattr(forward, "LONG_QUERY_THRESHOLD", 4)
+    monkeypatch.setattr(forward, "QUERY_CHUNK", 4)
+    Q = torch.randn(2 + 3 + 6 + 1 + 1, 8, generator=rng, requires_grad=True)
+    cu_q = torch.tensor([2, 5, 11, 12])  # rows 0-1 and 12 outside every query
+    D = torch.randn(1 + 4 + 7 + 2, 8, generator=rng, requires_grad=True)
+    cu_d = torch.tensor([1, 5, 5, 12, 14], dtype=torch.int32)  # an empty document
+    assert_gradients_match(
+        lambda q, d: maxsim_varlen(q, d, cu_q, cu_d, normalize=normalize, backward=method),
+        lambda q, d: maxsim_reference_varlen(unit(q), unit(d), cu_q, cu_d),
+        [Q, D], generator=rng, names=["Q_packed", "D_packed"],
+    )  # fmt: skip
+
 def test_varlen_max_seqlen_is_a_bound(rng):
     Q, cu_q = _packed(rng, [3, 1])
     D, cu_d = _packed(rng, [2, 5])

@@ -83,6 +83,8 @@ def _query_start(LAYOUT: tl.constexpr, CUQ, pair, n_doc, lq):
     # first Q2 row of each pair's query (one return: the branches are resolved at compile time)
     if LAYOUT == 3:
         start = tl.load(CUQ + pair).to(tl.int64)
+    elif LAYOUT == 4:
+        start = tl.load(CUQ + pair // n_doc).to(tl.int64)
     elif LAYOUT <= 1:
         start = (pair // n_doc).to(tl.int64) * lq
     else:
@@ -119,7 +121,7 @@ def maxsim_grad_q_kernel(
     split = tl.program_id(2)
     k = tl.arange(0, BLOCK_K)
     k_ok = k < dim
-    if LAYOUT == 3:
+    if LAYOUT >= 3:
         q_start = tl.load(CUQ + qi).to(tl.int64)
         q_len = (tl.load(CUQ + qi + 1) - q_start).to(tl.int32)
     else:

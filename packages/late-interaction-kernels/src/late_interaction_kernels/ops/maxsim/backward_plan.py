@@ -25,7 +25,7 @@ from .backward import (
 )
 from .buffers import output_buffer
 from .forward import dot_settings
-from .layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN, num_pairs
+from .layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN, VARLEN_ALL_PAIRS, num_pairs
 
 #: The gathered grad_Q splits a query's documents over programs, into fp32 partial sums added
 #: afterwards in a fixed order (deterministic): into runs of ``DOCS_PER_SPLIT`` documents, and
@@ -90,7 +90,7 @@ class BackwardPlan:
         self.q_rows, self.d_rows, self.device = q_rows, d_rows, device
         self.method, self.need_q, self.need_d, self.normalize = method, need_q, need_d, normalize
         self.n_pairs = num_pairs(layout, n_query, n_doc)
-        per_query = n_doc if layout in (ALL_PAIRS, GROUPED) else 1
+        per_query = n_doc if layout in (ALL_PAIRS, GROUPED, VARLEN_ALL_PAIRS) else 1
         block_k = padded_dim(dim)
         lq_bucket = shape_bucket(lq, minimum=16, maximum=512)
         self.empty = n_query == 0 or lq == 0 or self.n_pairs == 0
@@ -196,7 +196,7 @@ class BackwardPlan:
         return grad_q, grad_d
 
     def _grad_q(self, grad, Q2, D2, argmax, cu):
-        if self.layout == VARLEN:  # varlen rows past cu_seqlens_q[-1] belong to no query
+        if self.layout in (VARLEN, VARLEN_ALL_PAIRS):  # rows past cu_seqlens_q[-1]: no query
             out = torch.zeros_like(Q2)
         elif self.n_split > 1:
             out = output_buffer(

@@ -25,7 +25,7 @@ from triton_dispatch.autotune import prune_by_shared_memory
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
 from .buffers import output_buffer
-from .layout import ALL_PAIRS, GROUPED, VARLEN, num_pairs
+from .layout import ALL_PAIRS, GROUPED, VARLEN, VARLEN_ALL_PAIRS, num_pairs
 from .running_max import max_nan
 from .tuning import tuning_bench, tuning_space
 
@@ -213,14 +213,17 @@ def maxsim_fwd_kernel(
     elif LAYOUT == 1:  # GROUPED
         qi = pair // n_doc
         doc = pair
+    elif LAYOUT == 4:  # VARLEN_ALL_PAIRS
+        qi = pair // n_doc
+        doc = pair % n_doc
     else:  # PAIRS, VARLEN
         qi = pair
         doc = pair
-    if LAYOUT == 3:
-        q_start = tl.load(CUQ + pair).to(tl.int64)
-        q_len = (tl.load(CUQ + pair + 1) - q_start).to(tl.int32)
-        d_start = tl.load(CUD + pair).to(tl.int64)
-        d_len = (tl.load(CUD + pair + 1) - d_start).to(tl.int32)
+    if LAYOUT >= 3:
+        q_start = tl.load(CUQ + qi).to(tl.int64)
+        q_len = (tl.load(CUQ + qi + 1) - q_start).to(tl.int32)
+        d_start = tl.load(CUD + doc).to(tl.int64)
+        d_len = (tl.load(CUD + doc + 1) - d_start).to(tl.int32)
     else:
         q_start = qi.to(tl.int64) * lq
         q_len = lq
@@ -399,7 +402,7 @@ class ForwardPlan:
         self.lq = lq
         self.device = device
         self.save_argmax = save_argmax
-        self.varlen = layout == VARLEN
+        self.varlen = layout in (VARLEN, VARLEN_ALL_PAIRS)
         chunk_len, self.n_chunks = chunking(lq)
         upcast, ieee = dot_settings(dtype)
         flags = dict(

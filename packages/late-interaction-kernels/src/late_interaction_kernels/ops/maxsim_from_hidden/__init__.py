@@ -125,12 +125,7 @@ def maxsim_from_hidden(
     chosen = select_backend(device=common_device([Q, H_d]), backend=backend)
     if fused is None:
         fused = not needs_grad and Q.shape[0] * Q.shape[1] <= FUSED_MAX_QUERY_ROWS
-    if (
-        fused
-        and uses_triton(chosen)
-        and Q.dtype != torch.float64
-        and min(*Q.shape, *H_d.shape) > 0
-    ):
+    if fused and uses_triton(chosen) and Q.dtype != torch.float64 and min(*Q.shape, *H_d.shape) > 0:
         scores, _ = from_hidden_forward_op(
             Q.contiguous(),
             H_d.contiguous(),

@@ -157,4 +157,3 @@ class MaxSimIndex:
             best_scores, where = block.topk(take, dim=1)
             best_ids = ids.gather(1, where)
         return best_scores, best_ids
-

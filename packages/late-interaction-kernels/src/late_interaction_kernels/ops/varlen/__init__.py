@@ -1,16 +1,22 @@
 """Packed (``cu_seqlens``) scoring: every query against every document, and arbitrary pair lists.
 
-Both run on :func:`late_interaction_kernels.maxsim` / :func:`maxsim_pairs` (the fused kernels on
-CUDA, forward and backward): the packed tokens are laid out as padded blocks with masks (plain
-indexing, differentiable), so a padded copy of the inputs exists during the call; the
-``(Nq, Nd, Lq, Ld)`` similarity tensor never does.
+Every query against every document runs the MaxSim kernels on the packed tokens themselves (the
+``VARLEN_ALL_PAIRS`` layout: each program finds its query's and its document's rows through the
+offsets), forward and backward, with no padded copy. Pair lists, the float64 and PyTorch paths
+lay the packed tokens out as padded blocks with masks (plain indexing, differentiable) and run
+:func:`late_interaction_kernels.maxsim` / :func:`maxsim_pairs`. The ``(Nq, Nd, Lq, Ld)``
+similarity tensor never exists.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..maxsim import maxsim, maxsim_pairs
+from triton_dispatch import select_backend, uses_triton
+
+from ..maxsim import maxsim, maxsim_pairs, resolve_backward
+from ..maxsim.layout import VARLEN_ALL_PAIRS
+from ..maxsim.op import maxsim_forward
 from .layout import check_devices, check_offsets, loop_bound, pad
 
 __all__ = ["maxsim_varlen", "score_pairs_packed"]
@@ -67,8 +73,29 @@ def maxsim_varlen(
     check_devices(
         Q_packed=Q_packed, D_packed=D_packed, cu_seqlens_q=cu_seqlens_q, cu_seqlens_d=cu_seqlens_d
     )
-    Q, q_mask = _padded("q", Q_packed, cu_seqlens_q, max_seqlen_q)
-    D, d_mask = _padded("d", D_packed, cu_seqlens_d, max_seqlen_d)
+    q_lengths = check_offsets("cu_seqlens_q", cu_seqlens_q, Q_packed.shape[0])
+    d_lengths = check_offsets("cu_seqlens_d", cu_seqlens_d, D_packed.shape[0])
+    lq = loop_bound("max_seqlen_q", max_seqlen_q, q_lengths)
+    ld = loop_bound("max_seqlen_d", max_seqlen_d, d_lengths)
+    nq, nd = q_lengths.numel(), d_lengths.numel()
+    chosen = select_backend(device=Q_packed.device, backend=backend)
+    packed_kernels = (
+        uses_triton(chosen)
+        and Q_packed.dtype == D_packed.dtype != torch.float64
+        and min(nq, nd, lq, ld) > 0
+        and isinstance(normalize, bool)
+    )
+    if packed_kernels:
+        grad = torch.is_grad_enabled() and (Q_packed.requires_grad or D_packed.requires_grad)
+        scores, _ = maxsim_forward(
+            Q_packed.contiguous(), D_packed.contiguous(), None, None, cu_seqlens_q.contiguous(),
+            cu_seqlens_d.contiguous(), VARLEN_ALL_PAIRS, nq, nd, lq, ld, grad, "triton",
+            resolve_backward(backward, VARLEN_ALL_PAIRS, nq, nd), normalize,
+        )  # fmt: skip
+        return scores.view(nq, nd)
+    # the PyTorch and float64 paths, and degenerate batches: padded blocks through maxsim
+    Q, q_mask = pad(Q_packed, cu_seqlens_q, q_lengths, lq)
+    D, d_mask = pad(D_packed, cu_seqlens_d, d_lengths, ld)
     return maxsim(Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend)
 
 
