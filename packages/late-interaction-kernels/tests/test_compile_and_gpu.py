@@ -185,3 +185,25 @@ def test_autotuned_kernels_on_gpu():
         [sys.executable, "-c", _AUTOTUNED_CHECK], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@gpu
+@pytest.mark.parametrize("method", ["unified", "lowmem"])
+def test_gpu_varlen_all_pairs_on_packed_tokens(rng, method):
+    """The packed all-pairs layout on the GPU: bf16, ragged lengths, an empty document and a
+    query long enough to be chunked, forward and backward against float64."""
+    from late_interaction_kernels.reference import maxsim_reference_varlen
+    from late_interaction_kernels.varlen import maxsim_varlen as all_pairs
+
+    lens_q, lens_d = [3, 40, 17, 600], [300, 5, 0, 129, 1030]
+    Qp = randn((sum(lens_q), 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    Dp = randn((sum(lens_d), 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], device="cuda")
+    cu_d = torch.tensor([0, *torch.tensor(lens_d).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    assert_gradients_match(
+        lambda q, d: all_pairs(q, d, cu_q, cu_d, backward=method),
+        lambda q, d: maxsim_reference_varlen(q, d, cu_q, cu_d),
+        [Qp, Dp],
+        generator=rng,
+        names=["Q_packed", "D_packed"],
+    )

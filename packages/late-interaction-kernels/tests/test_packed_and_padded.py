@@ -35,13 +35,18 @@ def test_varlen_all_pairs_with_independent_counts(rng, backend):
 
 
 
-@pytest.mark.parametrize(("method", "normalize"), [("unified", False), ("lowmem", True)])
-def test_varlen_all_pairs_runs_on_the_packed_tokens(rng, monkeypatch, method, normalize):
+@pytest.mark.parametrize(("method", "normalize", "split"), [("unified", False, False), ("lowmem", True, True)])
+def test_varlen_all_pairs_runs_on_the_packed_tokens(rng, monkeypatch, method, normalize, split):
     """The kernels read the packed tokens through the offsets: no padded copy (``pad`` is never
     called). Packed rows before ``cu[0]`` and after ``cu[-1]`` belong to no sequence and get a
-    zero gradient; a query longer than one chunk is scored in chunks."""
+    zero gradient; a query longer than one chunk is scored in chunks; ``split``: grad_Q splits
+    each query's documents over programs (partial sums), as on a GPU with many documents."""
     from late_interaction_kernels.ops import varlen
-    from late_interaction_kernels.ops.maxsim import forward
+    from late_interaction_kernels.ops.maxsim import backward_plan, forward
+
+    if split:
+        monkeypatch.setattr(backward_plan, "DOCS_PER_SPLIT", 1)
+        monkeypatch.setattr(backward_plan, "MIN_DOCS_PER_SPLIT", 1)
 
     unit = (lambda x: torch.nn.functional.normalize(x, dim=-1)) if normalize else (lambda x: x)
     monkeypatch.setattr(varlen, "pad", None)

@@ -196,12 +196,18 @@ class BackwardPlan:
         return grad_q, grad_d
 
     def _grad_q(self, grad, Q2, D2, argmax, cu):
-        if self.layout in (VARLEN, VARLEN_ALL_PAIRS):  # rows past cu_seqlens_q[-1]: no query
-            out = torch.zeros_like(Q2)
-        elif self.n_split > 1:
-            out = output_buffer(
-                (self.n_split, self.q_rows, self.dim), dtype=torch.float32, device=Q2.device
+        # packed rows outside every query (before cu_seqlens_q[0], after cu_seqlens_q[-1]) are
+        # never written: those layouts start from zeros
+        varlen = self.layout in (VARLEN, VARLEN_ALL_PAIRS)
+        if self.n_split > 1:
+            shape = (self.n_split, self.q_rows, self.dim)
+            out = (
+                torch.zeros(shape, dtype=torch.float32, device=Q2.device)
+                if varlen
+                else output_buffer(shape, dtype=torch.float32, device=Q2.device)
             )
+        elif varlen:
+            out = torch.zeros_like(Q2)
         else:
             out = output_buffer(Q2.shape, dtype=Q2.dtype, device=Q2.device)
         if self.empty:
