@@ -59,6 +59,18 @@ def _inv_norm(x):
 
 
 @triton.jit
+def _grad_through_normalize(g, x):
+    """``r·(g − (g·x̂)·x̂)`` per row, with ``r = 1/max(‖x‖, eps)`` and ``x̂ = r·x``: the gradient
+    through ``F.normalize`` from the gradient ``g`` w.r.t. the normalised rows (fp32 tiles)."""
+    norm = tl.sqrt(tl.sum(x * x, 1))
+    inv = 1.0 / tl.maximum(norm, 1e-12)
+    x_hat = x * inv[:, None]
+    # below eps F.normalize divides by the constant eps: no projection term
+    proj = tl.where(norm > 1e-12, tl.sum(g * x_hat, 1), 0.0)
+    return inv[:, None] * (g - proj[:, None] * x_hat)
+
+
+@triton.jit
 def normalize_backward_kernel(G, X, OUT, n_rows, dim, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
     """``OUT = r·(G − (G·x̂)·x̂)`` per row, with ``r = 1/max(‖x‖, eps)`` and ``x̂ = r·x``: the
     gradient through ``F.normalize`` from the gradient ``G`` w.r.t. the normalised row. ``OUT`` may
@@ -69,13 +81,7 @@ def normalize_backward_kernel(G, X, OUT, n_rows, dim, BLOCK_K: tl.constexpr, BLO
     offs = r[:, None] * dim + k[None, :]
     x = tl.load(X + offs, mask=ok, other=0.0).to(tl.float32)
     g = tl.load(G + offs, mask=ok, other=0.0).to(tl.float32)
-    norm = tl.sqrt(tl.sum(x * x, 1))
-    inv = 1.0 / tl.maximum(norm, 1e-12)
-    x_hat = x * inv[:, None]
-    # below eps F.normalize divides by the constant eps: no projection term
-    proj = tl.where(norm > 1e-12, tl.sum(g * x_hat, 1), 0.0)
-    out = inv[:, None] * (g - proj[:, None] * x_hat)
-    tl.store(OUT + offs, out.to(OUT.dtype.element_ty), mask=ok)
+    tl.store(OUT + offs, _grad_through_normalize(g, x).to(OUT.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -283,11 +289,7 @@ def _through_normalize_rows(acc, D, rows, row_ok, k, k_ok, dim):
         mask=(row_ok & live)[:, None] & k_ok[None, :],
         other=0.0,
     ).to(tl.float32)
-    norm = tl.sqrt(tl.sum(x * x, 1))
-    inv = 1.0 / tl.maximum(norm, 1e-12)
-    x_hat = x * inv[:, None]
-    proj = tl.where(norm > 1e-12, tl.sum(acc * x_hat, 1), 0.0)
-    return inv[:, None] * (acc - proj[:, None] * x_hat)
+    return _grad_through_normalize(acc, x)
 
 
 @autotune(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from triton_dispatch import interpreter_enabled, padded_dim, shape_bucket
+from triton_dispatch import device_facts, interpreter_enabled, padded_dim, shape_bucket
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
 from .backward import (
@@ -64,7 +64,7 @@ def invert_argmax(argmax: torch.Tensor, n_rows: int) -> tuple[torch.Tensor, torc
 
 def _programs_target(device: torch.device) -> int:
     if device.type == "cuda" and not interpreter_enabled():
-        return PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+        return PROGRAMS_PER_SM * device_facts(device).sm_count
     return 8  # the interpreter: a few programs
 
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from triton_dispatch import select_backend, uses_triton
-
-from ..maxsim import maxsim, maxsim_pairs, resolve_backward
+from ..maxsim import _backend_for, maxsim, maxsim_pairs, resolve_backward
 from ..maxsim.layout import VARLEN_ALL_PAIRS
 from ..maxsim.op import maxsim_forward
 from .layout import check_devices, check_offsets, loop_bound, pad
@@ -78,10 +76,11 @@ def maxsim_varlen(
     lq = loop_bound("max_seqlen_q", max_seqlen_q, q_lengths)
     ld = loop_bound("max_seqlen_d", max_seqlen_d, d_lengths)
     nq, nd = q_lengths.numel(), d_lengths.numel()
-    chosen = select_backend(device=Q_packed.device, backend=backend)
+    # the backend by device ("torch" for float64, which the reference path computes exactly)
+    chosen = _backend_for([Q_packed, D_packed], ["Q_packed", "D_packed"], backend)
     packed_kernels = (
-        uses_triton(chosen)
-        and Q_packed.dtype == D_packed.dtype != torch.float64
+        chosen == "triton"
+        and Q_packed.dtype == D_packed.dtype
         and min(nq, nd, lq, ld) > 0
         and isinstance(normalize, bool)
     )
