@@ -123,6 +123,8 @@ def train_worker(impl: str, calls: int) -> None:
                 )
         del Q, D, g
         torch.cuda.empty_cache()
+    if impl == "ours":
+        rows.append(dict(tuned=_tuned_configs()))
     print("RESULT " + json.dumps(rows))
 
 
@@ -212,7 +214,20 @@ def worker(impl: str, calls: int) -> None:
             rows.append(dict(shape=[nq, nd, lq, ld], gpu_ms=gpu_ms, wall_ms=wall_ms, sum=checksum))
         except Exception as exc:  # a peer without this layout
             rows.append(dict(shape=[nq, nd, lq, ld], error=f"{type(exc).__name__}: {exc}"[:200]))
+    if impl == "ours":
+        rows.append(dict(tuned=_tuned_configs()))
     print("RESULT " + json.dumps(rows))
+
+
+def _tuned_configs() -> dict[str, str]:
+    """Our forward kernels' autotuned config per key, so a figure can be traced to its tiles."""
+    from late_interaction_kernels.ops.maxsim import forward
+
+    out = {}
+    for kernel in (forward.maxsim_fwd_kernel, forward.maxsim_fwd_query_group_kernel):
+        for key, config in getattr(kernel, "cache", {}).items():
+            out[f"{kernel.fn.__name__}{key}"] = str(config)
+    return out
 
 
 def _run(impl: str, path: str, calls: int, mode: str = "forward") -> list[dict]:
@@ -266,6 +281,9 @@ def main() -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    for row in results["ours"]:
+        for key, config in row.get("tuned", {}).items():
+            print(f"tuned {key}: {config}")
     if mode == "train":
         print_train_table(results)
         return

@@ -59,7 +59,20 @@ def main() -> int:
                 DYNAMIC_BOUNDS=True, EVEN_K=dtype == "bf16", BLOCK_K=64, BLOCK_Q=blocks[0], BLOCK_D=blocks[1],
             )  # fmt: skip
             sig = dict(fwd, Q="*" + dtype, D="*" + dtype)
-            check(f"forward layout={layout} {dtype}", forward.maxsim_fwd_kernel, sig, cx)
+            for tile_max in (False, True):
+                label = f"forward layout={layout} {dtype} tile_max={tile_max}"
+                check(label, forward.maxsim_fwd_kernel, sig, dict(cx, TILE_MAX=tile_max))
+    tma = dict(fwd, QDESC="tensordesc<bf16[128,128]>", DDESC="tensordesc<bf16[64,128]>")
+    del tma["LQ_BUCKET"]
+    for layout in (0, 1, 2, 3, 4):
+        for norm in (False, True):
+            cx = dict(
+                LAYOUT=layout, HAS_QM=layout != 3, HAS_DM=layout != 3, SAVE_ARGMAX=not norm,
+                UPCAST=False, NORMALIZE=norm, NORM_EPS=1e-12, IEEE=False, DYNAMIC_BOUNDS=True,
+                EVEN_K=True, BLOCK_K=128, BLOCK_Q=128, BLOCK_D=64,
+            )  # fmt: skip
+            label = f"forward tma layout={layout} normalize={norm}"
+            check(label, forward.maxsim_fwd_tma_kernel, tma, cx)
     group = {
         "Q": "*bf16", "D": "*bf16", "QM": "*u8", "DM": "*u8", "PARTIAL": "*fp32", "ARGMAX": "*i32",
         "n_query": "i32", "n_doc": "i32", "lq": "i32", "ld": "i32", "dim": "i32",
@@ -68,7 +81,7 @@ def main() -> int:
         cx = dict(
             QGROUP=qgroup, HAS_QM=True, HAS_DM=True, SAVE_ARGMAX=not norm, UPCAST=False,
             NORMALIZE=norm, NORM_EPS=1e-12, IEEE=False, EVEN_K=even, BLOCK_K=128,
-            BLOCK_Q=blocks[0], BLOCK_D=blocks[1],
+            BLOCK_Q=blocks[0], BLOCK_D=blocks[1], TILE_MAX=qgroup == 32,
         )  # fmt: skip
         check(f"forward query groups {qgroup}", forward.maxsim_fwd_query_group_kernel, group, cx)
     for layout in (0, 3, 4):

@@ -207,3 +207,34 @@ def test_gpu_varlen_all_pairs_on_packed_tokens(rng, method):
         generator=rng,
         names=["Q_packed", "D_packed"],
     )
+
+
+@gpu
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("lq", [200, 700])
+def test_tma_forward_on_gpu(rng, lq, normalize):
+    """Long bf16 queries take the TMA kernel on Hopper (one 200-row chunk looped in 128-row
+    blocks; 128-token chunks of a 700-token query): scores with masks, and gradients through its
+    argmax, against float64."""
+    from late_interaction_kernels.ops.maxsim import _MAXSIM_PLANS, forward
+
+    Q = randn((3, lq, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn((2, 4, 301, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    qm = rand_mask((3, lq), generator=rng, device="cuda")
+    dm = rand_mask((2, 4, 301), generator=rng, device="cuda")
+    _MAXSIM_PLANS.clear()
+    forward.FORWARD_PLANS.clear()
+    with torch.no_grad():
+        got = maxsim(Q[:2], D, qm[:2], dm, normalize=normalize)
+        want = maxsim_reference(Q[:2].double(), D.double(), qm[:2], dm, normalize=normalize)
+        assert_close(got, want, dtype=torch.bfloat16)
+        got = maxsim(Q, D[0], qm, dm[0], normalize=normalize)
+        want = maxsim_reference(Q.double(), D[0].double(), qm, dm[0], normalize=normalize)
+        assert_close(got, want, dtype=torch.bfloat16)
+    hopper = forward.tma_supported(Q.device)
+    assert all((p.tma is not None) == hopper for p in forward.FORWARD_PLANS._plans.values())
+    assert_gradients_match(
+        lambda q, d: maxsim(q[:2], d, qm[:2], dm, normalize=normalize),
+        lambda q, d: maxsim_reference(q[:2], d, qm[:2], dm, normalize=normalize),
+        [Q, D], generator=rng, names=["Q", "D"],
+    )  # fmt: skip

@@ -161,6 +161,32 @@ def test_fp8_kernel_runs_of_documents(scales, nq, lq, ld, rng):
 @pytest.mark.skipif(
     not interpreter_enabled(), reason="stand-in operands run only in the interpreter"
 )
+@pytest.mark.parametrize("scales", ["tensor", "token"])
+@pytest.mark.parametrize(("nq", "lq", "ld"), [(2, 20, 37), (3, 5, 37)])
+def test_fp8_tma_kernel_on_stand_in_operands(scales, nq, lq, ld, rng, monkeypatch):
+    """The Hopper path (document tiles through a TMA descriptor), forced open under the
+    interpreter: a tile that runs past its document reads the next one's rows (or zeros past the
+    tensor), which the column mask must drop."""
+    from late_interaction_kernels.ops.maxsim import forward
+    from late_interaction_kernels.ops.maxsim_fp8 import _uses_tma
+
+    monkeypatch.setattr(forward, "tma_supported", lambda device: True)
+    Q, D, q_mask, d_mask = _collection(rng, nq, 7, lq, ld, 32, dtype=torch.float16)
+    # per-token query scales; the documents' scale is one number on this path
+    sq = torch.rand(nq, lq, generator=rng) + 0.5 if scales == "token" else torch.tensor(0.9)
+    sd = torch.tensor(1.1)
+    assert _uses_tma(Q, D, sd) and not _uses_tma(Q, D, torch.ones(7, ld))
+    got = maxsim_inference_fp8(
+        Q, D, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask, backend="interpret"
+    )
+    assert_close(got, maxsim_fp8_reference(Q, D, sq, sd, q_mask, d_mask), dtype=torch.float16)
+    got = maxsim_inference_fp8(Q, D, scale_Q=sq, scale_D=sd, backend="interpret")
+    assert_close(got, maxsim_fp8_reference(Q, D, sq, sd), dtype=torch.float16)
+
+
+@pytest.mark.skipif(
+    not interpreter_enabled(), reason="stand-in operands run only in the interpreter"
+)
 @pytest.mark.parametrize("ld", [16, 37])  # whole document tiles only, and a partial last tile
 @pytest.mark.parametrize("scales", ["tensor", "token"])
 def test_fp8_kernel_invalid_scales_give_nan(scales, ld, rng):
@@ -209,7 +235,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from compile_for_hopper import compile_one
 from late_interaction_kernels.ops.maxsim_topk.kernels import topk_kernel
-from late_interaction_kernels.ops.maxsim_fp8.kernels import fp8_maxsim_kernel
+from late_interaction_kernels.ops.maxsim_fp8.kernels import fp8_maxsim_kernel, fp8_maxsim_tma_kernel
 topk = {{"Q": "*bf16", "D": "*bf16", "QM": "*u8", "DM": "*u8", "OUT_KEY": "*fp32",
         "OUT_IDX": "*i64", "nq": "i32", "lq": "i32", "ld": "i32", "dim": "i32", "nd": "i32",
         "docs_per_prog": "i32"}}
@@ -225,6 +251,10 @@ for per_token in (True, False):
                 HAS_QM=per_token, HAS_DM=per_token, IEEE=False, FLAT=per_token,
                 QUERIES=1 if per_token else 4, BLOCK_Q=128 if per_token else 32,
                 BLOCK_D=64 if per_token else 128, BLOCK_K=128))
+    tma = dict(fp8, DDESC="tensordesc<fp8e4nv[64,128]>")
+    compile_one(fp8_maxsim_tma_kernel, tma, dict(Q_PER_TOKEN=per_token, D_PER_TOKEN=per_token,
+                HAS_QM=per_token, HAS_DM=per_token, IEEE=False, FLAT=True,
+                QUERIES=1 if per_token else 4, BLOCK_Q=32, BLOCK_D=64, BLOCK_K=128))
 """
     )
 

@@ -256,12 +256,12 @@ def _plan(call: _Call, Q, D, q_mask, d_mask):
     from .forward import FORWARD_PLANS, ForwardPlan
 
     training = _needs_grad(Q, D)
+    q_rows, d_rows = nq * lq, math.prod(D.shape[:-1])
     meta = (
         layout, nq, n_doc, lq, ld, d, Q.dtype, Q.device, q_mask is not None, d_mask is not None,
-        training, normalize,
+        training, normalize, q_rows, d_rows,
     )  # fmt: skip
     forward = FORWARD_PLANS.get(meta, lambda: ForwardPlan(*meta))
-    q_rows, d_rows = nq * lq, math.prod(D.shape[:-1])
     if training:
         from .backward_plan import BACKWARD_PLANS, BackwardPlan
         from .op import PlannedMaxSim

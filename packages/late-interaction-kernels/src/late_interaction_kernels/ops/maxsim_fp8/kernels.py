@@ -43,12 +43,16 @@ def _valid_scale(s):
 
 @triton.jit
 def _fold_tile(
-    acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok,
+    acc, q, D, DDESC, SD, DM, j, t0, ld, dim, cols, ks, k_ok,
     D_PER_TOKEN: tl.constexpr, HAS_DM: tl.constexpr, MASKED: tl.constexpr, IEEE: tl.constexpr,
+    TMA: tl.constexpr,
 ):  # fmt: skip
     t = t0 + cols
     t_ok = t < ld
-    x = load_rows(D, j * ld + t, t_ok, ks, k_ok, dim, False)
+    if TMA:  # rows past the document are the next one's (or zeros): masked below like any other
+        x = DDESC.load([(j * ld + t0).to(tl.int32), 0])
+    else:
+        x = load_rows(D, j * ld + t, t_ok, ks, k_ok, dim, False)
     s = dot_rows(q, x, IEEE)
     if D_PER_TOKEN:
         sd = _valid_scale(tl.load(SD + j * ld + t, mask=t_ok, other=0.0))
@@ -61,18 +65,13 @@ def _fold_tile(
     return max_nan(acc, s)
 
 
-@autotune(
-    _CONFIGS,
-    key=["QUERIES", "BLOCK_Q", "BLOCK_K", "D_PER_TOKEN", "HAS_DM", "FLAT"],
-    interpret_config=_INTERPRET_CONFIG,
-)
 @triton.jit
-def fp8_maxsim_kernel(
-    Q, D, SQ, SD, QM, DM, OUT,
+def _fp8_program(
+    Q, D, DDESC, SQ, SD, QM, DM, OUT,
     nq, nd, lq, ld, dim, docs_per_prog,
     Q_PER_TOKEN: tl.constexpr, D_PER_TOKEN: tl.constexpr, HAS_QM: tl.constexpr,
     HAS_DM: tl.constexpr, IEEE: tl.constexpr, FLAT: tl.constexpr, QUERIES: tl.constexpr,
-    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+    TMA: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # program (g * query_blocks + b, p): token block b of the QUERIES queries of group g (their
     # tokens stacked into one tile, so each document tile is read once for all of them) against
@@ -116,8 +115,9 @@ def fp8_maxsim_kernel(
             t0 = (step - jj * n_tiles) * BLOCK_D
             j = start + jj
             acc = _fold_tile(
-                acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, True, IEEE
-            )
+                acc, q, D, DDESC, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM,
+                True, IEEE, TMA,
+            )  # fmt: skip
             if t0 + BLOCK_D >= ld:  # the document's last tile: its maxima are complete
                 _store_scores(OUT, acc, scale, live, out_rows + j, out_ok, QUERIES, BLOCK_Q)
                 acc = tl.full([QUERIES * BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
@@ -129,16 +129,53 @@ def fp8_maxsim_kernel(
             j = start + jj
             for t0 in range(0, full, BLOCK_D):
                 acc = _fold_tile(
-                    acc, q, D, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, False,
-                    IEEE,
+                    acc, q, D, DDESC, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM,
+                    False, IEEE, TMA,
                 )  # fmt: skip
             if full < ld:
                 acc = _fold_tile(
-                    acc, q, D, SD, DM, j, full, ld, dim, cols, ks, k_ok, D_PER_TOKEN, HAS_DM, True,
-                    IEEE,
+                    acc, q, D, DDESC, SD, DM, j, full, ld, dim, cols, ks, k_ok, D_PER_TOKEN,
+                    HAS_DM, True, IEEE, TMA,
                 )  # fmt: skip
             _store_scores(OUT, acc, scale, live, out_rows + j, out_ok, QUERIES, BLOCK_Q)
             acc = tl.full([QUERIES * BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
+
+
+
+@autotune(
+    _CONFIGS,
+    key=["QUERIES", "BLOCK_Q", "BLOCK_K", "D_PER_TOKEN", "HAS_DM", "FLAT"],
+    interpret_config=_INTERPRET_CONFIG,
+)
+@triton.jit
+def fp8_maxsim_kernel(
+    Q, D, SQ, SD, QM, DM, OUT,
+    nq, nd, lq, ld, dim, docs_per_prog,
+    Q_PER_TOKEN: tl.constexpr, D_PER_TOKEN: tl.constexpr, HAS_QM: tl.constexpr,
+    HAS_DM: tl.constexpr, IEEE: tl.constexpr, FLAT: tl.constexpr, QUERIES: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    _fp8_program(
+        Q, D, None, SQ, SD, QM, DM, OUT, nq, nd, lq, ld, dim, docs_per_prog, Q_PER_TOKEN,
+        D_PER_TOKEN, HAS_QM, HAS_DM, IEEE, FLAT, QUERIES, False, BLOCK_Q, BLOCK_D, BLOCK_K,
+    )  # fmt: skip
+
+
+@triton.jit
+def fp8_maxsim_tma_kernel(
+    Q, D, DDESC, SQ, SD, QM, DM, OUT,
+    nq, nd, lq, ld, dim, docs_per_prog,
+    Q_PER_TOKEN: tl.constexpr, D_PER_TOKEN: tl.constexpr, HAS_QM: tl.constexpr,
+    HAS_DM: tl.constexpr, IEEE: tl.constexpr, FLAT: tl.constexpr, QUERIES: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """The Hopper path for short documents: document tiles through a TMA tensor descriptor
+    ``DDESC`` (at 8 bits the address arithmetic of pointer loads cost more issue slots than the
+    dot), one config (the package's ``TMA_CONFIG``)."""
+    _fp8_program(
+        Q, D, DDESC, SQ, SD, QM, DM, OUT, nq, nd, lq, ld, dim, docs_per_prog, Q_PER_TOKEN,
+        D_PER_TOKEN, HAS_QM, HAS_DM, IEEE, FLAT, QUERIES, True, BLOCK_Q, BLOCK_D, BLOCK_K,
+    )  # fmt: skip
 
 
 @triton.jit
