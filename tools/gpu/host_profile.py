@@ -78,13 +78,15 @@ def cases():
         Q = torch.randn(nq, lq, 128, device=dev, dtype=torch.bfloat16)
         D = torch.randn(nd, ld, 128, device=dev, dtype=torch.bfloat16)
         out[f"maxsim {(nq, nd, lq, ld)}"] = lambda Q=Q, D=D: maxsim(Q, D)
-    b, k, d = 640, 256, 64
-    xs = torch.randn(b, d, device=dev)
-    codes = torch.randint(0, k, (b,), device=dev)
-    cb = torch.randn(k, d, device=dev)
-    state = [cb, torch.ones(k, device=dev), cb.clone(), torch.zeros(k, dtype=torch.int32, device=dev)]
-    out["ema_update_ (640,256,64)"] = lambda: ema_update_(xs, codes, *state, check_codes=False)
-    out["quantize (640,256,64)"] = lambda: quantize(xs, cb)
+    for b, k, d in [(640, 256, 64), (4096, 1024, 64)]:
+        xs = torch.randn(b, d, device=dev)
+        codes = torch.randint(0, k, (b,), device=dev)
+        cb = torch.randn(k, d, device=dev)
+        state = [cb, torch.ones(k, device=dev), cb.clone(), torch.zeros(k, dtype=torch.int32, device=dev)]
+        out[f"ema_update_ {(b, k, d)}"] = lambda xs=xs, codes=codes, state=state: ema_update_(
+            xs, codes, *state, check_codes=False
+        )
+        out[f"quantize {(b, k, d)}"] = lambda xs=xs, cb=cb: quantize(xs, cb)
     return out
 
 

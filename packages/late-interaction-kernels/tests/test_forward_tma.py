@@ -1,12 +1,15 @@
-"""The Hopper forward path (TMA tensor descriptors, tile-wide running max), run by the Triton
-interpreter with the device check and the query-length threshold forced open: every layout, masks,
+"""The forward kernels' variants that the interpreter's single configs do not reach on their own,
+run by the Triton interpreter: the Hopper path (TMA tensor descriptors, tile-wide running max)
+with the device check and the query-length threshold forced open (every layout, masks,
 normalisation, gradients through its argmax, documents whose last tile runs into the next
-document or past the tensor, and the fall-back for a view whose base is not 16-byte aligned."""
+document or past the tensor, the fall-back for a view whose base is not 16-byte aligned), and the
+generic kernels' per-tile row reduction."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import triton
 
 from late_interaction_kernels import maxsim, maxsim_varlen
 from late_interaction_kernels.ops.maxsim import _MAXSIM_PLANS, forward
@@ -110,3 +113,40 @@ def test_unaligned_view_takes_the_generic_kernel(tma_forced, rng):
     with pytest.raises(AssertionError, match="generic forward kernel"):
         _generic_launch_forbidden()
         maxsim(Q, D)
+
+
+@pytest.fixture
+def per_tile_reduction(monkeypatch):
+    """The generic kernels with ``TILE_MAX=False`` (a row max per tile), which the autotuner may
+    pick on a GPU; the interpreter's one config has the tile-wide running max."""
+    for kernel, blocks in (
+        (forward.maxsim_fwd_kernel, {"BLOCK_Q": 16, "BLOCK_D": 16}),
+        (forward.maxsim_fwd_query_group_kernel, {"BLOCK_Q": 64, "BLOCK_D": 16}),
+    ):
+        config = triton.Config({**blocks, "TILE_MAX": False}, num_warps=4, num_stages=1)
+        monkeypatch.setattr(kernel, "configs", [config])
+    forward.FORWARD_PLANS.clear()
+    _MAXSIM_PLANS.clear()
+    yield
+    forward.FORWARD_PLANS.clear()
+    _MAXSIM_PLANS.clear()
+
+
+@pytest.mark.parametrize("nq", [1, 5], ids=["one-query", "query-groups"])
+def test_per_tile_reduction_variant(per_tile_reduction, rng, nq):
+    Q = randn((nq, 7, 16), generator=rng, requires_grad=True)
+    D = randn((3, 37, 16), generator=rng, requires_grad=True)
+    dm = rand_mask((3, 37), generator=rng)
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, None, dm),
+        lambda q, d: maxsim_reference(q, d, None, dm),
+        [Q, D], generator=rng, names=["Q", "D"],
+    )  # fmt: skip
+    # ties in three tiles: the gradient goes to the first tied column
+    q = torch.zeros(1, 2, 16)
+    q[0, :, 0] = 1.0
+    d = torch.zeros(1, 40, 16)
+    d[0, [8, 21, 24, 35], 0] = 2.0
+    Q, D = q.clone().requires_grad_(), d.clone().requires_grad_()
+    maxsim(Q, D).sum().backward()
+    assert D.grad[0, :, 0].nonzero().flatten().tolist() == [8]
