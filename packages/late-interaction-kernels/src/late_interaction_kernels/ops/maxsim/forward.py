@@ -17,7 +17,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from triton_dispatch import (
     autotune,
@@ -35,6 +34,11 @@ from .buffers import output_buffer
 from .layout import ALL_PAIRS, GROUPED, VARLEN, VARLEN_ALL_PAIRS, num_pairs
 from .running_max import max_nan
 from .tuning import tuning_bench, tuning_space
+
+try:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # Triton < 3.3 has no host-side tensor descriptors: pointer kernels only
+    TensorDescriptor = None
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
 NORM_EPS = 1e-12
@@ -503,7 +507,8 @@ def tma_supported(device: torch.device) -> bool:
     """Whether ``device`` runs the TMA kernel: a Hopper GPU (sm_90). Newer GPUs have TMA too, but
     the kernel's config was measured on Hopper only."""
     return (
-        device.type == "cuda"
+        TensorDescriptor is not None
+        and device.type == "cuda"
         and not interpreter_enabled()
         and device_facts(device).capability[0] == 9
     )

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import torch
 import triton
-from triton.tools.tensor_descriptor import TensorDescriptor
 
 from triton_dispatch import common_device, device_facts, select_backend, uses_triton
 from triton_dispatch.launch import KernelLaunch, PlanCache, call_key
 
-from ..maxsim import maxsim
+from ..maxsim import forward, maxsim
 from ..maxsim.buffers import output_buffer
 from .reference import dequantize, quantize, valid_scale
 
@@ -230,8 +229,6 @@ def _uses_tma(Q, D, sd) -> bool:
     at 1 × 10,000 × 32 × 300 too: 0.184 against 0.205 ms.)"""
     from triton_dispatch import interpreter_enabled, padded_dim
 
-    from ..maxsim import forward
-
     nd, ld, dim = D.shape
     tile = 16 if interpreter_enabled() else TMA_CONFIG["BLOCK_D"]
     return (
@@ -292,7 +289,7 @@ def _descriptor(D: torch.Tensor, bound: dict):
     """``D``'s rows as a TMA descriptor of ``(BLOCK_D, BLOCK_K)`` boxes (zeros past ``dim``)."""
     dim = bound["dim"]
     rows = D.numel() // dim
-    return TensorDescriptor(D, [rows, dim], [dim, 1], [bound["BLOCK_D"], bound["BLOCK_K"]])
+    return forward.TensorDescriptor(D, [rows, dim], [dim, 1], [bound["BLOCK_D"], bound["BLOCK_K"]])
 
 
 def _launch(Q, D, sq, sd, q_mask, d_mask) -> torch.Tensor:
