@@ -438,11 +438,20 @@ def _plaid_tables(g):
     }
 
 
+def _with_first_and_last_centroid(codes: torch.Tensor, first: tuple, last: tuple) -> torch.Tensor:
+    # the non-finite cases poison centroid 0 and the last centroid: valid tokens must use both,
+    # or a draw that never reads them (1 in 243 with 5 tokens over 3 centroids) shows no effect
+    codes[first] = 0
+    codes[last] = PLAID_CENTROIDS - 1
+    return codes
+
+
 def _plaid_padded_inputs(g):
     n = len(PLAID_LENGTHS)
+    codes = randint(0, PLAID_CENTROIDS, (n, PLAID_WIDTH), generator=g)
     return {
         "Q": randn((NQ, LQ, DIM), generator=g),
-        "codes": randint(0, PLAID_CENTROIDS, (n, PLAID_WIDTH), generator=g),
+        "codes": _with_first_and_last_centroid(codes, (0, 0), (2, 0)),
         "residuals": randint(0, 256, (n, PLAID_WIDTH, PLAID_BYTES), generator=g, dtype=torch.uint8),
         "doc_lengths": torch.tensor(PLAID_LENGTHS),
         **_plaid_tables(g),
@@ -479,7 +488,9 @@ def _plaid_varlen_inputs(g):
     total = sum(PLAID_LENGTHS)
     return {
         "Q": randn((NQ, LQ, DIM), generator=g),
-        "codes_flat": randint(0, PLAID_CENTROIDS, (total,), generator=g),
+        "codes_flat": _with_first_and_last_centroid(
+            randint(0, PLAID_CENTROIDS, (total,), generator=g), (0,), (2,)
+        ),
         "residuals_flat": randint(0, 256, (total, PLAID_BYTES), generator=g, dtype=torch.uint8),
         "cu_seqlens_d": torch.tensor([0, 2, 2, 5]),
         **_plaid_tables(g),
