@@ -63,32 +63,40 @@ def test_tma_forward_matches_reference(tma_forced, rng, doc_shape, normalize):
     assert torch.equal(got, again)
 
 
+def _assert_gradients_with_doc_mask(Q, D, dm, rng):
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, None, dm),
+        lambda q, d: maxsim_reference(q, d, None, dm),
+        [Q, D], generator=rng, names=["Q", "D"],
+    )  # fmt: skip
+
+
 def test_tma_forward_gradients(tma_forced, rng):
     """Training calls save the argmax from the tile-wide running max (first column reaching each
     row's best), which the backward kernels read."""
     Q = randn((2, 19, 24), generator=rng, dtype=torch.float16, requires_grad=True)
     D = randn((3, 21, 24), generator=rng, dtype=torch.float16, requires_grad=True)
     dm = rand_mask((3, 21), generator=rng)
-    assert_gradients_match(
-        lambda q, d: maxsim(q, d, None, dm),
-        lambda q, d: maxsim_reference(q, d, None, dm),
-        [Q, D], generator=rng, names=["Q", "D"],
-    )  # fmt: skip
+    _assert_gradients_with_doc_mask(Q, D, dm, rng)
     _generic_launch_forbidden()
 
 
-def test_tma_argmax_keeps_the_first_of_tied_columns(tma_forced):
+def _assert_first_tied_column_wins(dtype):
     """Equal similarities in several columns (duplicated document tokens, in different tiles and
-    slots): the gradient goes to the first, as on the generic path."""
-    q = torch.zeros(1, 2, 16, dtype=torch.float16)
+    column slots): the gradient goes to the first."""
+    q = torch.zeros(1, 2, 16, dtype=dtype)
     q[0, :, 0] = 1.0
-    d = torch.zeros(1, 40, 16, dtype=torch.float16)
+    d = torch.zeros(1, 40, 16, dtype=dtype)
     # 16-column tiles: ties in three tiles, rows 8 and 24 in the same column slot of theirs
     d[0, [8, 21, 24, 35], 0] = 2.0
     Q, D = q.clone().requires_grad_(), d.clone().requires_grad_()
     maxsim(Q, D).sum().backward()
     rows = D.grad[0, :, 0].nonzero().flatten().tolist()
     assert rows == [8], rows
+
+
+def test_tma_argmax_keeps_the_first_of_tied_columns(tma_forced):
+    _assert_first_tied_column_wins(torch.float16)
 
 
 def test_tma_varlen_all_pairs(tma_forced, rng):
@@ -137,16 +145,5 @@ def test_per_tile_reduction_variant(per_tile_reduction, rng, nq):
     Q = randn((nq, 7, 16), generator=rng, requires_grad=True)
     D = randn((3, 37, 16), generator=rng, requires_grad=True)
     dm = rand_mask((3, 37), generator=rng)
-    assert_gradients_match(
-        lambda q, d: maxsim(q, d, None, dm),
-        lambda q, d: maxsim_reference(q, d, None, dm),
-        [Q, D], generator=rng, names=["Q", "D"],
-    )  # fmt: skip
-    # ties in three tiles: the gradient goes to the first tied column
-    q = torch.zeros(1, 2, 16)
-    q[0, :, 0] = 1.0
-    d = torch.zeros(1, 40, 16)
-    d[0, [8, 21, 24, 35], 0] = 2.0
-    Q, D = q.clone().requires_grad_(), d.clone().requires_grad_()
-    maxsim(Q, D).sum().backward()
-    assert D.grad[0, :, 0].nonzero().flatten().tolist() == [8]
+    _assert_gradients_with_doc_mask(Q, D, dm, rng)
+    _assert_first_tied_column_wins(torch.float32)
