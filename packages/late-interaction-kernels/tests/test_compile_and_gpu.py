@@ -216,6 +216,7 @@ def test_tma_forward_on_gpu(rng, lq, normalize):
     """Long bf16 queries take the TMA kernel on Hopper (one 200-row chunk looped in 128-row
     blocks; 128-token chunks of a 700-token query): scores with masks, and gradients through its
     argmax, against float64."""
+    from late_interaction_kernels.ops import tma
     from late_interaction_kernels.ops.maxsim import _MAXSIM_PLANS, forward
 
     Q = randn((3, lq, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
@@ -231,7 +232,7 @@ def test_tma_forward_on_gpu(rng, lq, normalize):
         got = maxsim(Q, D[0], qm, dm[0], normalize=normalize)
         want = maxsim_reference(Q.double(), D[0].double(), qm, dm[0], normalize=normalize)
         assert_close(got, want, dtype=torch.bfloat16)
-    hopper = forward.tma_supported(Q.device)
+    hopper = tma.tma_supported(Q.device)
     assert all((p.tma is not None) == hopper for p in forward.FORWARD_PLANS._plans.values())
     assert_gradients_match(
         lambda q, d: maxsim(q[:2], d, qm[:2], dm, normalize=normalize),

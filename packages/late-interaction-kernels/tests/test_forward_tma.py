@@ -12,6 +12,7 @@ import torch
 import triton
 
 from late_interaction_kernels import maxsim, maxsim_varlen
+from late_interaction_kernels.ops import tma
 from late_interaction_kernels.ops.maxsim import _MAXSIM_PLANS, forward
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from late_interaction_kernels.ops.varlen.reference import maxsim_varlen_all_pairs_reference
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def tma_forced(monkeypatch):
-    monkeypatch.setattr(forward, "tma_supported", lambda device: True)
+    monkeypatch.setattr(tma, "tma_supported", lambda device: True)
     monkeypatch.setattr(forward, "TMA_MIN_QUERY_LEN", 1)
     forward.FORWARD_PLANS.clear()
     _MAXSIM_PLANS.clear()

@@ -167,10 +167,10 @@ def test_fp8_tma_kernel_on_stand_in_operands(scales, nq, lq, ld, rng, monkeypatc
     """The Hopper path (document tiles through a TMA descriptor), forced open under the
     interpreter: a tile that runs past its document reads the next one's rows (or zeros past the
     tensor), which the column mask must drop."""
-    from late_interaction_kernels.ops.maxsim import forward
+    from late_interaction_kernels.ops import tma
     from late_interaction_kernels.ops.maxsim_fp8 import _uses_tma
 
-    monkeypatch.setattr(forward, "tma_supported", lambda device: True)
+    monkeypatch.setattr(tma, "tma_supported", lambda device: True)
     Q, D, q_mask, d_mask = _collection(rng, nq, 7, lq, ld, 32, dtype=torch.float16)
     # per-token query scales; the documents' scale is one number on this path
     sq = torch.rand(nq, lq, generator=rng) + 0.5 if scales == "token" else torch.tensor(0.9)

@@ -21,7 +21,6 @@ import triton.language as tl
 from triton_dispatch import (
     autotune,
     config_space,
-    device_facts,
     interpreter_enabled,
     padded_dim,
     shape_bucket,
@@ -30,15 +29,11 @@ from triton_dispatch import (
 from triton_dispatch.autotune import prune_by_shared_memory
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
+from .. import tma
 from .buffers import output_buffer
 from .layout import ALL_PAIRS, GROUPED, VARLEN, VARLEN_ALL_PAIRS, num_pairs
 from .running_max import max_nan
 from .tuning import tuning_bench, tuning_space
-
-try:
-    from triton.tools.tensor_descriptor import TensorDescriptor
-except ImportError:  # Triton < 3.3 has no host-side tensor descriptors: pointer kernels only
-    TensorDescriptor = None
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
 NORM_EPS = 1e-12
@@ -503,26 +498,12 @@ _TMA_OPTIONS = dict(num_warps=8, num_stages=3)
 _TMA_INTERPRET_BLOCKS = dict(BLOCK_Q=16, BLOCK_D=16)
 
 
-def tma_supported(device: torch.device) -> bool:
-    """Whether ``device`` runs the TMA kernel: a Hopper GPU (sm_90). Newer GPUs have TMA too, but
-    the kernel's config was measured on Hopper only."""
-    return (
-        TensorDescriptor is not None
-        and device.type == "cuda"
-        and not interpreter_enabled()
-        and device_facts(device).capability[0] == 9
-    )
-
-
 def _tma_eligible(lq, dim, dtype, device, rows_q, rows_d) -> bool:
-    # TMA needs 16-byte row strides and coordinates that fit in int32; the box is at most 256 wide
     return (
         lq >= TMA_MIN_QUERY_LEN
         and dtype in (torch.bfloat16, torch.float16)
-        and dim % 8 == 0
-        and padded_dim(dim) <= 256
-        and max(rows_q, rows_d) < 2**31 - 2**16
-        and tma_supported(device)
+        and tma.rows_fit(dim, 2, max(rows_q, rows_d))
+        and tma.tma_supported(device)
     )
 
 
@@ -613,7 +594,6 @@ class ForwardPlan:
         if len(self.per_call) == 6:
             self.launch(Q2, D2, qm, dm, partial, argmax)
             return partial.view(n_pairs), argmax
-        d_bound = 0
         if self.varlen:
             # only the interpreter's static loops read it; they need the longest document
             d_bound = int((cu_d[1:] - cu_d[:-1]).max()) if interpreter_enabled() else 0
@@ -621,20 +601,14 @@ class ForwardPlan:
             d_bound = self.ld
         cu_q = cu_q if cu_q is not None else partial
         cu_d = cu_d if cu_d is not None else partial
-        if self.tma is not None and _tma_aligned(Q2) and _tma_aligned(D2):
-            dim = self.dim
-            q_desc = TensorDescriptor(Q2, [Q2.numel() // dim, dim], [dim, 1], self.q_box)
-            d_desc = TensorDescriptor(D2, [D2.numel() // dim, dim], [dim, 1], self.d_box)
+        if self.tma is not None and tma.aligned(Q2) and tma.aligned(D2):
+            q_desc = tma.rows_descriptor(Q2, self.dim, self.q_box)
+            d_desc = tma.rows_descriptor(D2, self.dim, self.d_box)
             self.tma(Q2, D2, q_desc, d_desc, qm, dm, cu_q, cu_d, partial, argmax, d_bound)
         else:
             self.launch(Q2, D2, qm, dm, cu_q, cu_d, partial, argmax, d_bound)
         scores = partial.view(n_pairs) if self.n_chunks == 1 else partial.sum(1)
         return scores, argmax
-
-
-def _tma_aligned(t: torch.Tensor) -> bool:
-    # a descriptor's base must be 16-byte aligned (a view may start anywhere); no empty boxes
-    return t.data_ptr() % 16 == 0 and t.numel() > 0
 
 
 #: Forward plans by metadata (the placeholders for absent masks are never read).

@@ -14,7 +14,8 @@ import triton
 from triton_dispatch import common_device, device_facts, select_backend, uses_triton
 from triton_dispatch.launch import KernelLaunch, PlanCache, call_key
 
-from ..maxsim import forward, maxsim
+from .. import tma
+from ..maxsim import maxsim
 from ..maxsim.buffers import output_buffer
 from .reference import dequantize, quantize, valid_scale
 
@@ -157,7 +158,8 @@ PROGRAMS_PER_SM = 8
 FLAT_MAX_TILES = 8
 #: The TMA kernel's config (H100 sweep at 1 × 10,000 × 32 × 300: 64-token tiles, 4 warps and 3
 #: stages were the fastest; 128-token tiles, 8 warps and 4 stages slower).
-TMA_CONFIG = dict(BLOCK_D=64, num_warps=4, num_stages=3)
+TMA_BLOCK_D = 64
+TMA_OPTIONS = dict(num_warps=4, num_stages=3)
 #: Programs per SM of the TMA kernel (same sweep: 4 per SM fastest, 8 and 16 about 2 % slower).
 TMA_PROGRAMS_PER_SM = 4
 
@@ -227,22 +229,22 @@ def _uses_tma(Q, D, sd) -> bool:
     with one scale for all of ``D``, 16-byte rows, coordinates that fit in int32. (H100: at
     1 × 1000 × 128 × 1024 the pointer kernel measured faster, and with per-token document scales
     at 1 × 10,000 × 32 × 300 too: 0.184 against 0.205 ms.)"""
-    from triton_dispatch import interpreter_enabled, padded_dim
+    from triton_dispatch import interpreter_enabled
 
     nd, ld, dim = D.shape
-    tile = 16 if interpreter_enabled() else TMA_CONFIG["BLOCK_D"]
+    tile = 16 if interpreter_enabled() else TMA_BLOCK_D
     return (
         triton.cdiv(ld, tile) <= FLAT_MAX_TILES
         and sd.dim() == 0
-        and (dim * D.element_size()) % 16 == 0
-        and max(padded_dim(dim), 32) <= 256
-        and nd * ld < 2**31 - 2**16
-        and forward.tma_supported(D.device)
+        and tma.rows_fit(dim, D.element_size(), nd * ld)
+        and tma.tma_supported(D.device)
     )
 
 
-def _geometry(Q, D, sq, sd, q_mask, d_mask, tma=False) -> tuple[dict, tuple[int, int], int, int]:
-    """The kernel's bound arguments, its grid, the query blocks and the output rows; ``tma``: for
+def _geometry(
+    Q, D, sq, sd, q_mask, d_mask, use_tma=False
+) -> tuple[dict, tuple[int, int], int, int]:
+    """The kernel's bound arguments, its grid, the query blocks and the output rows; ``use_tma``: for
     :func:`.kernels.fp8_maxsim_tma_kernel` (its tile fixed, its own programs per SM)."""
     from triton_dispatch import interpreter_enabled, next_power_of_2, padded_dim
 
@@ -260,7 +262,7 @@ def _geometry(Q, D, sq, sd, q_mask, d_mask, tma=False) -> tuple[dict, tuple[int,
     if interp:
         runs = min(nd, 3)
     else:
-        per_sm = TMA_PROGRAMS_PER_SM if tma else PROGRAMS_PER_SM
+        per_sm = TMA_PROGRAMS_PER_SM if use_tma else PROGRAMS_PER_SM
         target = per_sm * device_facts(Q.device).sm_count
         runs = max(1, min(nd, triton.cdiv(target, groups)))
     per_run = triton.cdiv(nd, runs)
@@ -271,8 +273,8 @@ def _geometry(Q, D, sq, sd, q_mask, d_mask, tma=False) -> tuple[dict, tuple[int,
         FLAT=triton.cdiv(ld, 64 if not interp else 16) <= FLAT_MAX_TILES, QUERIES=queries,
         BLOCK_Q=block_q, BLOCK_K=block_k,
     )  # fmt: skip
-    if tma:
-        bound["BLOCK_D"] = 16 if interp else TMA_CONFIG["BLOCK_D"]
+    if use_tma:
+        bound["BLOCK_D"] = 16 if interp else TMA_BLOCK_D
     rows = nq * query_blocks
     return bound, (groups, triton.cdiv(nd, per_run)), query_blocks, rows
 
@@ -280,16 +282,11 @@ def _geometry(Q, D, sq, sd, q_mask, d_mask, tma=False) -> tuple[dict, tuple[int,
 def _tma_options() -> dict:
     from triton_dispatch import interpreter_enabled
 
-    if interpreter_enabled():
-        return {}
-    return {k: v for k, v in TMA_CONFIG.items() if k != "BLOCK_D"}
+    return {} if interpreter_enabled() else TMA_OPTIONS
 
 
 def _descriptor(D: torch.Tensor, bound: dict):
-    """``D``'s rows as a TMA descriptor of ``(BLOCK_D, BLOCK_K)`` boxes (zeros past ``dim``)."""
-    dim = bound["dim"]
-    rows = D.numel() // dim
-    return forward.TensorDescriptor(D, [rows, dim], [dim, 1], [bound["BLOCK_D"], bound["BLOCK_K"]])
+    return tma.rows_descriptor(D, bound["dim"], [bound["BLOCK_D"], bound["BLOCK_K"]])
 
 
 def _launch(Q, D, sq, sd, q_mask, d_mask) -> torch.Tensor:
@@ -305,11 +302,11 @@ def _launch(Q, D, sq, sd, q_mask, d_mask) -> torch.Tensor:
     Qc, Dc = Q.contiguous(), D.contiguous()
     qm = Qc if q_mask is None else q_mask.contiguous().view(torch.uint8)
     dm = Dc if d_mask is None else d_mask.contiguous().view(torch.uint8)
-    tma = _uses_tma(Qc, Dc, sd) and Dc.data_ptr() % 16 == 0
-    bound, grid, query_blocks, rows = _geometry(Qc, Dc, sq, sd, q_mask, d_mask, tma)
+    use_tma = _uses_tma(Qc, Dc, sd) and tma.aligned(Dc)
+    bound, grid, query_blocks, rows = _geometry(Qc, Dc, sq, sd, q_mask, d_mask, use_tma)
     partial = out if query_blocks == 1 else torch.empty(rows, nd, device=Q.device)
     scales = (sq.contiguous(), sd.contiguous())
-    if tma:
+    if use_tma:
         desc = _descriptor(Dc, bound)
         fp8_maxsim_tma_kernel[grid](Qc, Dc, desc, *scales, qm, dm, partial, **bound, **_tma_options())
     else:
@@ -340,7 +337,7 @@ def _plan(Q, D, scale_Q, scale_D, q_mask, d_mask, backend):
     launch = KernelLaunch(fp8_maxsim_kernel, grid, bound, device=device)
     tma_launch = None
     if _uses_tma(Qb, Db, sd):
-        tma_bound, tma_grid, _, _ = _geometry(Qb, Db, sq, sd, qm, dm, tma=True)
+        tma_bound, tma_grid, _, _ = _geometry(Qb, Db, sq, sd, qm, dm, use_tma=True)
         tma_launch = KernelLaunch(
             fp8_maxsim_tma_kernel, tma_grid, tma_bound, device=device, options=_tma_options()
         )
@@ -356,7 +353,7 @@ def _plan(Q, D, scale_Q, scale_D, q_mask, d_mask, backend):
         out = torch.empty(shape, device=device)
         qm = Q if q_mask is None else q_mask.view(torch.uint8)
         dm = D if d_mask is None else d_mask.view(torch.uint8)
-        if tma_launch is not None and D.data_ptr() % 16 == 0:
+        if tma_launch is not None and tma.aligned(D):
             desc = _descriptor(D, tma_bound)
             tma_launch(Q, D, desc, scale_Q, scale_D, qm, dm, out)
         else:

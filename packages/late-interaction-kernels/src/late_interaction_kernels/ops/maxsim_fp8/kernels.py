@@ -141,7 +141,6 @@ def _fp8_program(
             acc = tl.full([QUERIES * BLOCK_Q, BLOCK_D], float("-inf"), tl.float32)
 
 
-
 @autotune(
     _CONFIGS,
     key=["QUERIES", "BLOCK_Q", "BLOCK_K", "D_PER_TOKEN", "HAS_DM", "FLAT"],
@@ -171,7 +170,7 @@ def fp8_maxsim_tma_kernel(
 ):  # fmt: skip
     """The Hopper path for short documents: document tiles through a TMA tensor descriptor
     ``DDESC`` (at 8 bits the address arithmetic of pointer loads cost more issue slots than the
-    dot), one config (the package's ``TMA_CONFIG``)."""
+    dot), one config (the package's ``TMA_BLOCK_D`` and ``TMA_OPTIONS``)."""
     _fp8_program(
         Q, D, DDESC, SQ, SD, QM, DM, OUT, nq, nd, lq, ld, dim, docs_per_prog, Q_PER_TOKEN,
         D_PER_TOKEN, HAS_QM, HAS_DM, IEEE, FLAT, QUERIES, True, BLOCK_Q, BLOCK_D, BLOCK_K,
