@@ -99,17 +99,20 @@ def main() -> int:
         cx = dict(LAYOUT=layout, NORMALIZE=layout == 3, BLOCK_K=128, BLOCK_R=32)
         check(f"grad_d owner layout={layout}", backward.maxsim_grad_d_owner_kernel, sig, cx)
     dense = {"G": "*fp32", "Q": "*bf16", "D": "*bf16", "ARGMAX": "*i32", "GD": "*bf16",
-             "n_query": "i32", "n_doc": "i32", "lq": "i32", "ld": "i32", "dim": "i32",
-             "rows_per_program": "i32"}  # fmt: skip
+             "GQP": "*fp32", "GQ": "*bf16", "n_query": "i32", "n_doc": "i32", "lq": "i32",
+             "ld": "i32", "dim": "i32", "rows_per_program": "i32", "n_split": "i32",
+             "q_rows": "i32"}  # fmt: skip
     for layout, dtype, norm, blocks in (
         (0, "bf16", False, (64, 32)), (1, "bf16", True, (128, 64)), (1, "fp16", False, (32, 16)),
         (1, "fp32", True, (64, 32)),
     ):  # fmt: skip
         for one_chunk in ((False, True) if layout else (False,)):
             cx = dict(LAYOUT=layout, NORMALIZE=norm, UPCAST=False, IEEE=dtype == "fp32",
-                      ONE_CHUNK=one_chunk, BLOCK_K=128, BLOCK_R=blocks[0], BLOCK_T=blocks[1])  # fmt: skip
-            sig = dict(dense, Q="*" + dtype, D="*" + dtype, GD="*" + dtype)
-            label = f"grad_d dense layout={layout} {dtype} normalize={norm} one_chunk={one_chunk}"
+                      ONE_CHUNK=one_chunk, FINISH_Q=one_chunk or not layout, BLOCK_K=128,
+                      BLOCK_R=blocks[0], BLOCK_T=blocks[1], BLOCK_S=32)  # fmt: skip
+            sig = dict(dense, Q="*" + dtype, D="*" + dtype, GD="*" + dtype, GQ="*" + dtype)
+            label = (f"grad_d dense layout={layout} {dtype} normalize={norm} one_chunk={one_chunk} "
+                     f"finish_q={cx['FINISH_Q']}")  # fmt: skip
             check(label, backward.maxsim_grad_d_dense_kernel, sig, cx)
     sig = {"G": "*fp32", "X": "*bf16", "OUT": "*fp32", "n_rows": "i32", "dim": "i32"}
     check("normalize backward", backward.normalize_backward_kernel, sig, dict(BLOCK_K=64, BLOCK_R=32))

@@ -382,13 +382,35 @@ def test_dense_grad_d_spans_row_blocks_and_query_chunks(rng, device, monkeypatch
     )
 
 
-def test_rerank_gradient_takes_the_dense_kernel(rng, device, monkeypatch):
-    # one query against many documents: auto → lowmem's dense kernel, grad_Q split over programs
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("grads", ["both", "Q", "D"])
+def test_rerank_gradient_takes_the_dense_kernel(rng, device, monkeypatch, normalize, grads):
+    # one query against many documents: auto → lowmem's dense kernel, grad_Q split over programs;
+    # with both gradients the dense launch adds up the split grad_Q itself
     monkeypatch.setattr(backward_plan, "invert_argmax", None)
     monkeypatch.setattr(backward_plan, "DOCS_PER_SPLIT", 2)
     monkeypatch.setattr(backward_plan, "MIN_DOCS_PER_SPLIT", 2)
+    monkeypatch.setattr(backward_plan, "FINISH_SPLIT_BLOCK", 2)  # several split blocks per row
+    backward_plan.BACKWARD_PLANS.clear()
     Q, D = _inputs(rng, device, (1, 12, 16), (7, 9, 16), dtype=torch.float16)
-    assert_gradients_match(maxsim, maxsim_reference, [Q, D], generator=rng, names=["Q", "D"])
+    Q.requires_grad_(grads != "D")
+    D.requires_grad_(grads != "Q")
+    wrt = [t for t in (Q, D) if t.requires_grad]
+    names = [n for n, t in (("Q", Q), ("D", D)) if t.requires_grad]
+
+    def ours(*xs):
+        q, d = (xs[0], D) if grads == "Q" else (Q, xs[0]) if grads == "D" else xs
+        return maxsim(q, d, normalize=normalize)
+
+    def ref(*xs):  # the fixed input in the reference's dtype
+        fixed = (D if grads == "Q" else Q).detach().to(xs[0].dtype)
+        q, d = (xs[0], fixed) if grads == "Q" else (fixed, xs[0]) if grads == "D" else xs
+        return maxsim_reference(q, d, normalize=normalize)
+
+    assert_gradients_match(ours, ref, wrt, generator=rng, names=names)
+    (plan,) = backward_plan.BACKWARD_PLANS._plans.values()
+    assert plan.dense and plan.n_split > 1
+    assert plan.finish_q == (grads == "both")
 
 
 def test_doc_splits_fill_the_grid():

@@ -14,6 +14,7 @@ from triton_dispatch.launch import (
     KernelLaunch,
     PlanCache,
     _arg_spec,
+    _direct_launcher,
     call_key,
     clear_plan_caches,
     plan_caches,
@@ -171,3 +172,28 @@ def test_kernel_launch_direct_path_and_graph_capture():
     torch.cuda.synchronize()
     torch.testing.assert_close(y, -2.0 * x)
     assert device_facts(x.device).sm_count > 0
+
+
+class CudaLauncher:
+    """Stands in for Triton 3.6's launcher: records the C launch's arguments."""
+
+    def __init__(self, global_scratch_size=0, profile_scratch_size=0):
+        self.global_scratch_size, self.profile_scratch_size = global_scratch_size, profile_scratch_size
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.calls = []
+        self.launch = lambda *a: self.calls.append(a)
+
+
+def test_direct_launcher_passes_what_the_launcher_would():
+    run = CudaLauncher()
+    compiled = SimpleNamespace(run=run, function="fn", packed_metadata="meta")
+    _direct_launcher(compiled)(4, 1, 1, "stream", "x", 7)
+    # the launcher's own call: grid, stream, function, cooperative, pdl, both scratch buffers,
+    # then the metadata, the launch metadata, both hooks and the kernel's arguments
+    assert run.calls == [
+        (4, 1, 1, "stream", "fn", False, True, None, None, "meta", None, None, None, "x", 7)
+    ]
+    # scratch to allocate per launch, or another launcher: through ``compiled.run`` instead
+    scratch = SimpleNamespace(run=CudaLauncher(global_scratch_size=8), function=0, packed_metadata=0)
+    assert _direct_launcher(scratch) is None
+    assert _direct_launcher(SimpleNamespace(run=lambda *a: None)) is None

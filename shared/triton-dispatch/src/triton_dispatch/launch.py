@@ -131,14 +131,42 @@ def clear_plan_caches() -> None:
         cache.clear()
 
 
+_RUNTIME_KNOBS: list = []
+
+
 def _launch_hooks_set() -> bool:
     """Whether a profiler hooked Triton's launches (then launches go through Triton, which feeds
     the hooks their metadata). Triton 3.6 keeps hooks in chains that are never ``None``."""
-    from triton import knobs
+    if not _RUNTIME_KNOBS:  # the import and lookup cost more than the check itself
+        from triton import knobs
 
-    runtime = knobs.runtime
+        _RUNTIME_KNOBS.append(knobs.runtime)
+    runtime = _RUNTIME_KNOBS[0]
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
     return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
+
+
+def _direct_launcher(compiled) -> Callable[..., None] | None:
+    """The C launch function behind a compiled kernel's launcher, when calling it directly is
+    what the launcher would do anyway: no global or profile scratch to allocate per launch (Triton
+    3.6's ``CudaLauncher``). ``None`` otherwise; the caller then goes through ``compiled.run``."""
+    run = getattr(compiled, "run", None)
+    needed = ("launch", "global_scratch_size", "profile_scratch_size", "launch_cooperative_grid",
+              "launch_pdl")  # fmt: skip
+    if run is None or type(run).__name__ != "CudaLauncher" or not all(
+        hasattr(run, n) for n in needed
+    ):
+        return None
+    if run.global_scratch_size or run.profile_scratch_size:
+        return None
+    launch, coop, pdl = run.launch, run.launch_cooperative_grid, run.launch_pdl
+    function, metadata = compiled.function, compiled.packed_metadata
+
+    def direct(g0, g1, g2, stream, *args):
+        launch(g0, g1, g2, stream, function, coop, pdl, None, None, metadata, None, None, None,
+               *args)  # fmt: skip
+
+    return direct
 
 
 def _jit_function(kernel):
@@ -207,6 +235,7 @@ class KernelLaunch:
         self.grid = grid
         self.options = dict(options or {})
         self.device = torch.device(device)
+        self.index = self.device.index if self.device.index is not None else 0
         self.direct = self.device.type == "cuda" and not interpreter_enabled()
         self._compiled: dict[tuple, tuple] = {}
         self.direct_launches = 0
@@ -220,7 +249,7 @@ class KernelLaunch:
         self._through_triton(args)
 
     def _launch(self, entry: tuple, args: tuple) -> None:
-        compiled, before, after, slots, (g0, g1, g2) = entry
+        run, before, after, slots, (g0, g1, g2) = entry
         if slots is None:  # the per-call arguments are one run of parameters
             full = (*before, *args, *after)
         else:
@@ -228,21 +257,26 @@ class KernelLaunch:
             for i, a in zip(slots, args):
                 values[i] = a
             full = values
-        index = self.device.index if self.device.index is not None else 0
+        index = self.index
         if torch._C._cuda_getDevice() != index:
             with torch.cuda.device(index):
-                self._run(compiled, g0, g1, g2, index, full)
+                run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(index), *full)
         else:
-            self._run(compiled, g0, g1, g2, index, full)
+            run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(index), *full)
         self.direct_launches += 1
 
     @staticmethod
-    def _run(compiled, g0, g1, g2, index, full) -> None:
-        stream = torch._C._cuda_getCurrentRawStream(index)
-        compiled.run(
-            g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None, None,
-            *full,
-        )  # fmt: skip
+    def _runner(compiled) -> Callable[..., None]:
+        """``run(g0, g1, g2, stream, *args)`` of a compiled kernel."""
+        direct = _direct_launcher(compiled)
+        if direct is not None:
+            return direct
+        function, metadata = compiled.function, compiled.packed_metadata
+
+        def through_launcher(g0, g1, g2, stream, *args):
+            compiled.run(g0, g1, g2, stream, function, metadata, None, None, None, *args)
+
+        return through_launcher
 
     def _through_triton(self, args: tuple) -> None:
         if len(args) != len(self.free):
@@ -278,13 +312,14 @@ class KernelLaunch:
         grid = tuple(int(g) for g in grid) + (1,) * (3 - len(grid))
         full = [meta[n] for n in self.arg_names]
         positions = [self.arg_names.index(n) for n in self.free]
+        run = self._runner(compiled)
         if positions and positions == list(range(positions[0], positions[0] + len(positions))):
             lo, hi = positions[0], positions[-1] + 1
-            entry = (compiled, tuple(full[:lo]), tuple(full[hi:]), None, grid)
+            entry = (run, tuple(full[:lo]), tuple(full[hi:]), None, grid)
         elif not positions:
-            entry = (compiled, tuple(full), (), None, grid)
+            entry = (run, tuple(full), (), None, grid)
         else:
-            entry = (compiled, full, (), positions, grid)
+            entry = (run, full, (), positions, grid)
         self._compiled[_arg_spec(args)] = entry
 
 

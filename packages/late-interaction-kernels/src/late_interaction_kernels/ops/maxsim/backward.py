@@ -292,9 +292,34 @@ def _through_normalize_rows(acc, D, rows, row_ok, k, k_ok, dim):
     return _grad_through_normalize(acc, x)
 
 
+@triton.jit
+def _finish_grad_q_row(
+    GQP, GQ, Q, row, n_split, q_rows, dim, k, k_ok, NORMALIZE: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    """Row ``row`` of grad_Q: its ``n_split`` fp32 partial sums (``GQP``, ``(n_split, q_rows,
+    dim)``) added in a fixed order, taken through ``F.normalize`` when ``NORMALIZE``, stored in
+    ``GQ``'s dtype."""
+    s = tl.arange(0, BLOCK_S)
+    acc = tl.zeros((1, BLOCK_K), dtype=tl.float32)
+    for s0 in range(0, n_split, BLOCK_S):
+        split = s0 + s
+        part = tl.load(
+            GQP + (split.to(tl.int64)[:, None] * q_rows + row) * dim + k[None, :],
+            mask=(split < n_split)[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        acc += tl.sum(part, 0)[None, :]
+    offs = row * dim + k[None, :]
+    if NORMALIZE:
+        x = tl.load(Q + offs, mask=k_ok[None, :], other=0.0).to(tl.float32)
+        acc = _grad_through_normalize(acc, x)
+    tl.store(GQ + offs, acc.to(GQ.dtype.element_ty), mask=k_ok[None, :])
+
+
 @autotune(
     _DENSE_CONFIGS,
-    key=["BLOCK_K", "BLOCK_T", "LAYOUT", "NORMALIZE", "ONE_CHUNK"],
+    key=["BLOCK_K", "BLOCK_T", "LAYOUT", "NORMALIZE", "ONE_CHUNK", "FINISH_Q"],
     interpret_config=_INTERPRET_DENSE,
     do_bench=tuning_bench,
 )
@@ -305,20 +330,26 @@ def maxsim_grad_d_dense_kernel(
     D,
     ARGMAX,
     GD,
+    GQP,
+    GQ,
     n_query,
     n_doc,
     lq,
     ld,
     rows_per_program,
     dim,
+    n_split,
+    q_rows,
     LAYOUT: tl.constexpr,
     NORMALIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE: tl.constexpr,
     ONE_CHUNK: tl.constexpr,
+    FINISH_Q: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    BLOCK_S: tl.constexpr,
 ):
     """One program per (document, run of ``rows_per_program`` of its rows): every row's gradient,
     zeros included, written once, in order (the runs stream like the forward's reads).
@@ -327,12 +358,43 @@ def maxsim_grad_d_dense_kernel(
     pair with it, weighted by that pair's output gradient; otherwise the document is its own pair
     (the 4-D layout: query ``doc // n_doc``; pairs: query ``doc``, with ``n_doc = 1``).
     ``ONE_CHUNK``: one source query of at most ``BLOCK_T`` tokens, loaded once per program.
+    ``FINISH_Q``: the first ``q_rows`` programs of axis 0 instead add up grad_Q's ``n_split``
+    partial sums, one row each (the gathered grad_Q ran just before, into ``GQP``): that saves a
+    rerank's backward the reduction's and the cast's launches, which cost more host time than
+    their GPU work.
     """
-    doc = tl.program_id(0).to(tl.int64)
-    first = tl.program_id(1) * rows_per_program
-    last = tl.minimum(first + rows_per_program, ld)
+    pid = tl.program_id(0)
     k = tl.arange(0, BLOCK_K)
     k_ok = k < dim
+    if FINISH_Q:
+        if pid < q_rows:
+            if tl.program_id(1) == 0:
+                _finish_grad_q_row(
+                    GQP, GQ, Q, pid.to(tl.int64), n_split, q_rows, dim, k, k_ok, NORMALIZE,
+                    BLOCK_K, BLOCK_S,
+                )  # fmt: skip
+        else:
+            _dense_grad_d_rows(
+                G, Q, D, ARGMAX, GD, (pid - q_rows).to(tl.int64), n_query, n_doc, lq, ld,
+                rows_per_program, dim, k, k_ok, LAYOUT, NORMALIZE, UPCAST, IEEE, ONE_CHUNK,
+                BLOCK_K, BLOCK_T, BLOCK_R,
+            )  # fmt: skip
+    else:
+        _dense_grad_d_rows(
+            G, Q, D, ARGMAX, GD, pid.to(tl.int64), n_query, n_doc, lq, ld, rows_per_program, dim,
+            k, k_ok, LAYOUT, NORMALIZE, UPCAST, IEEE, ONE_CHUNK, BLOCK_K, BLOCK_T, BLOCK_R,
+        )  # fmt: skip
+
+
+@triton.jit
+def _dense_grad_d_rows(
+    G, Q, D, ARGMAX, GD, doc, n_query, n_doc, lq, ld, rows_per_program, dim, k, k_ok,
+    LAYOUT: tl.constexpr, NORMALIZE: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+    ONE_CHUNK: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr,
+):  # fmt: skip
+    """The rows of one program of :func:`maxsim_grad_d_dense_kernel`."""
+    first = tl.program_id(1) * rows_per_program
+    last = tl.minimum(first + rows_per_program, ld)
     t = tl.arange(0, BLOCK_T)
     if ONE_CHUNK:
         g = tl.load(G + doc)

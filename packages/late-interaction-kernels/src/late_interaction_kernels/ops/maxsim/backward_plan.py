@@ -42,6 +42,8 @@ PROGRAMS_PER_SM = 4
 #: with few queries (a rerank). Above it the CSR kernel's sort is cheaper than matching every
 #: query token against every row.
 DENSE_MAX_QUERY_TOKENS = 256
+#: Partial sums per load when the dense launch adds up a split grad_Q (a ``(splits, d)`` tile).
+FINISH_SPLIT_BLOCK = 32
 
 
 def uses_dense_kernel(layout: int, n_query: int, lq: int) -> bool:
@@ -115,6 +117,7 @@ class BackwardPlan:
             device=device,
         )
         self.dense = method == "lowmem" and uses_dense_kernel(layout, n_query, lq)
+        self.finish_q = False
         if method == "unified":
             self.grad_d = KernelLaunch(
                 maxsim_grad_d_atomic_kernel,
@@ -140,9 +143,11 @@ class BackwardPlan:
             rows_per_program = triton.cdiv(triton.cdiv(ld, max(splits, 1)), 128) * 128
             upcast, ieee = dot_settings(dtype)
             block_t = padded_dim(min(lq, 64))
+            # the dense launch also adds up a split grad_Q (first q_rows programs of its grid)
+            self.finish_q = n_split > 1 and need_q and need_d and not self.empty
             self.grad_d = KernelLaunch(
                 maxsim_grad_d_dense_kernel,
-                (n_docs, triton.cdiv(ld, rows_per_program)),
+                (n_docs + (q_rows if self.finish_q else 0), triton.cdiv(ld, rows_per_program)),
                 dict(
                     n_query=n_query,
                     n_doc=per_query,
@@ -150,13 +155,17 @@ class BackwardPlan:
                     ld=ld,
                     rows_per_program=rows_per_program,
                     dim=dim,
+                    n_split=n_split,
+                    q_rows=q_rows,
                     LAYOUT=0 if layout == ALL_PAIRS else 1,
                     NORMALIZE=normalize,
                     UPCAST=upcast,
                     IEEE=ieee,
                     ONE_CHUNK=layout != ALL_PAIRS and lq <= block_t,
+                    FINISH_Q=self.finish_q,
                     BLOCK_K=block_k,
                     BLOCK_T=block_t,
+                    BLOCK_S=min(padded_dim(n_split), FINISH_SPLIT_BLOCK),
                 ),
                 device=device,
             )
@@ -189,10 +198,24 @@ class BackwardPlan:
         )
 
     def __call__(self, grad, Q2, D2, argmax, cu_q):
-        grad = grad.to(torch.float32).contiguous()
+        if grad.dtype != torch.float32:
+            grad = grad.to(torch.float32)
+        grad = grad.contiguous()
+        if self.finish_q:
+            return self._dense_with_split_grad_q(grad, Q2, D2, argmax)
         cu = cu_q if cu_q is not None else grad
         grad_q = self._grad_q(grad, Q2, D2, argmax, cu) if self.need_q else None
         grad_d = self._grad_d(grad, Q2, D2, argmax, cu) if self.need_d else None
+        return grad_q, grad_d
+
+    def _dense_with_split_grad_q(self, grad, Q2, D2, argmax):
+        # two launches: grad_Q's partial sums, then grad_D's dense pass, which also adds them up
+        partial = output_buffer((self.n_split, self.q_rows, self.dim), dtype=torch.float32,
+                                device=Q2.device)  # fmt: skip
+        grad_q = output_buffer(Q2.shape, dtype=Q2.dtype, device=Q2.device)
+        grad_d = output_buffer(D2.shape, dtype=D2.dtype, device=D2.device)
+        self.grad_q(grad, D2, argmax, grad, partial)
+        self.grad_d(grad, Q2, D2, argmax, grad_d, partial, grad_q)
         return grad_q, grad_d
 
     def _grad_q(self, grad, Q2, D2, argmax, cu):
@@ -233,8 +256,8 @@ class BackwardPlan:
             return grad_d
         if self.empty:
             return grad_d.zero_()
-        if self.dense:
-            self.grad_d(grad, Q2, D2, argmax, grad_d)
+        if self.dense:  # the grad_Q slots are never read (no FINISH_Q)
+            self.grad_d(grad, Q2, D2, argmax, grad_d, grad_d, grad_d)
             return grad_d
         order, offsets = invert_argmax(argmax, self.d_rows)
         self.grad_d(grad, Q2, order, offsets, cu, grad_d)
