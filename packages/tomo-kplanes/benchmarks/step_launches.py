@@ -39,6 +39,7 @@ from training_step import make_step
 from tomo_kplanes import objective
 from tomo_kplanes.model import KPlanesTilted
 from tomo_kplanes.objective import TomographyObject
+from tomo_kplanes.ops.plane_tv.kernels import PlaneTVPlan
 from triton_dispatch.bench import (
     BenchRecord,
     benchmark_arguments,
@@ -63,7 +64,8 @@ PART_ENTRIES = {
         (TomographyObject, "raw_densities"),
     ],
     "volume TV": [(objective, "volume_tv_loss")],
-    "plane TV": [(KPlanesTilted, "plane_tv")],
+    # the plane TV's own launches, also where the field call takes it with the features
+    "plane TV": [(KPlanesTilted, "plane_tv"), (PlaneTVPlan, "forward")],
     "backward": [(torch.Tensor, "backward")],
     "optimizer": [(torch.optim.Optimizer, "zero_grad"), (torch.optim.Adam, "step")],
 }

@@ -8,7 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import plane_tv, tilted_plane_features
+from triton_dispatch import select_backend, uses_triton
+
+from .ops import plane_tv, tilted_plane_features, tilted_plane_features_with_tv
 from .rotations import project_to_so3
 
 
@@ -40,6 +42,9 @@ class KPlanesTilted(nn.Module):
         backend: forwarded to :func:`tilted_plane_features`.
         generator: seeds the initialisation.
     """
+
+    #: ``forward(points, with_plane_tv=True)`` returns ``(densities, self.plane_tv())``
+    plane_tv_from_forward = True
 
     def __init__(
         self,
@@ -122,9 +127,35 @@ class KPlanesTilted(nn.Module):
         ]
         return feats[0] if len(feats) == 1 else torch.cat(feats, dim=1)
 
-    def forward(self, points: torch.Tensor) -> torch.Tensor:
-        """``(N,)`` densities at ``points`` ``(N, 3)``."""
-        return _ACTIVATIONS[self.activation_name](self.decoder(self.features(points)).squeeze(-1))
+    def forward(
+        self, points: torch.Tensor, *, with_plane_tv: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``(N,)`` densities at ``points`` ``(N, 3)``; with ``with_plane_tv``, ``(densities,
+        self.plane_tv())``. Where the features run as Triton kernels the plane TV is then taken in
+        the same op as the features (:func:`~tomo_kplanes.ops.tilted_plane_features_with_tv`), so
+        that the backward writes each plane's gradient once instead of adding two. Going through
+        ``forward`` keeps a (Distributed)DataParallel wrapper in the loop."""
+        if not with_plane_tv:
+            return self._decode(self.features(points))
+        if not self._folds_plane_tv(points):
+            return self._decode(self.features(points)), self.plane_tv()
+        rot = self.rotations().to(points.dtype)
+        feats, tv = [], None
+        for p in self.planes:
+            f, t = tilted_plane_features_with_tv(points, rot, p, backend=self.backend)
+            feats.append(f)
+            tv = t if tv is None else tv + t
+        return self._decode(feats[0] if len(feats) == 1 else torch.cat(feats, dim=1)), tv
+
+    def _decode(self, features: torch.Tensor) -> torch.Tensor:
+        return _ACTIVATIONS[self.activation_name](self.decoder(features).squeeze(-1))
+
+    def _folds_plane_tv(self, points: torch.Tensor) -> bool:
+        # folding saves work only on the kernels' backward; on the PyTorch path plane_tv() stays
+        # (and so does a plane_tv replaced on the instance, e.g. a torch.compile'd one)
+        if any(p.dtype != points.dtype for p in self.planes):
+            return False
+        return uses_triton(select_backend(device=points.device, backend=self.backend))
 
     def plane_tv(self) -> torch.Tensor:
         """Mean squared finite difference along H and W over all planes (smoothness prior), summed

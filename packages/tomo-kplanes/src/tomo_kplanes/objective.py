@@ -73,8 +73,13 @@ class TomographyObject(nn.Module):
         #: (device, dtype, step) -> the (4, 1, 3) tap offsets: 0, then h along x, y and z
         self._tap_offsets: dict[tuple, torch.Tensor] = {}
 
-    def raw_densities(self, points: torch.Tensor) -> torch.Tensor:
-        """Field densities with no mask or constraint."""
+    def raw_densities(
+        self, points: torch.Tensor, *, with_plane_tv: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Field densities with no mask or constraint; with ``with_plane_tv``, ``(densities, plane
+        TV)`` from the same field call (a field whose ``forward`` takes ``with_plane_tv``)."""
+        if with_plane_tv:
+            return self.field(points, with_plane_tv=True)
         return self.field(points)
 
     def densities(self, points: torch.Tensor) -> torch.Tensor:
@@ -110,10 +115,12 @@ class TomographyObject(nn.Module):
         return offsets
 
     def raw_densities_with_taps(
-        self, points: torch.Tensor, tap_points: torch.Tensor
-    ) -> torch.Tensor:
-        """ONE field call on ``points`` ⧺ ``tap_points``: raw densities ``(N + 4·M,)``."""
-        return self.field(torch.cat([points, tap_points.to(points.dtype)], dim=0))
+        self, points: torch.Tensor, tap_points: torch.Tensor, *, with_plane_tv: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """ONE field call on ``points`` ⧺ ``tap_points``: raw densities ``(N + 4·M,)`` (and the
+        plane TV, as in :meth:`raw_densities`)."""
+        both = torch.cat([points, tap_points.to(points.dtype)], dim=0)
+        return self.raw_densities(both, with_plane_tv=with_plane_tv)
 
     def forward_with_tv_taps(
         self, points: torch.Tensor, tap_points: torch.Tensor
@@ -169,14 +176,26 @@ def reconstruction_loss(
     field = _inner_field(obj)
     use_plane = weights.plane_tv > 0 and hasattr(field, "plane_tv")
     one_call = (fold_taps or not use_tv) and ctx.tv_tap_densities is None
+    plane = None  # the plane TV, where the field call returns it
     if one_call and type(obj.constraints) is DensityConstraints:
+        # the field's one call also takes the plane TV: one backward node for the planes (not
+        # through DataParallel, which would gather one plane TV per replica)
+        with_plane = (
+            use_plane
+            and getattr(field, "plane_tv_from_forward", False)
+            and not isinstance(obj.field, nn.DataParallel)
+        )
         if use_tv:
-            dens = obj.raw_densities_with_taps(flat, ctx.tv_tap_points)
-            ctx.tv_tap_densities = dens[n:]
+            out = obj.raw_densities_with_taps(flat, ctx.tv_tap_points, with_plane_tv=with_plane)
         else:
-            dens = obj.raw_densities(flat)
+            out = obj.raw_densities(flat, with_plane_tv=with_plane)
+        dens, plane = out if with_plane else (out, None)
+        if use_tv:
+            ctx.tv_tap_densities = dens[n:]
+        if use_plane and plane is None:
+            plane = field.plane_tv()
         if dens.dtype == points.dtype == steps.dtype == target.dtype:
-            return _fused_loss(obj, field, dens, points, steps, target, weights, use_tv, use_plane)
+            return _fused_loss(obj, field, dens, points, steps, target, weights, use_tv, plane)
         dens = obj.constraints.apply(dens[:n], flat)
     elif use_tv and fold_taps and ctx.tv_tap_densities is None:
         dens, ctx.tv_tap_densities = obj.forward_with_tv_taps(flat, ctx.tv_tap_points)
@@ -187,19 +206,20 @@ def reconstruction_loss(
     if use_tv:
         terms["volume_tv"] = weights.volume_tv * volume_tv_loss(obj, ctx)
     if use_plane:
-        terms["plane_tv"] = weights.plane_tv * field.plane_tv()
+        terms["plane_tv"] = weights.plane_tv * (field.plane_tv() if plane is None else plane)
     total = sum(terms.values())
     return total, terms
 
 
-def _fused_loss(obj, field, dens, points, steps, target, weights, use_tv, use_plane):
+def _fused_loss(obj, field, dens, points, steps, target, weights, use_tv, plane):
     c = obj.constraints
+    use_plane = plane is not None
     total, terms = ray_loss(
         dens,
         points,
         steps,
         target,
-        field.plane_tv() if use_plane else None,
+        plane,
         tv_step=obj.tv_step,
         volume_tv_weight=weights.volume_tv if use_tv else 0.0,
         plane_tv_weight=weights.plane_tv if use_plane else 0.0,
@@ -208,10 +228,10 @@ def _fused_loss(obj, field, dens, points, steps, target, weights, use_tv, use_pl
         mask_out_of_bounds=c.mask_out_of_bounds,
         backend=getattr(field, "backend", None),
     )
-    data, volume, plane = terms.unbind()
+    data, volume, weighted_plane = terms.unbind()
     out = {"data": data}
     if use_tv:
         out["volume_tv"] = volume
     if use_plane:
-        out["plane_tv"] = plane
+        out["plane_tv"] = weighted_plane
     return total, out

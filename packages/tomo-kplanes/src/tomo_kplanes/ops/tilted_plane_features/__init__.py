@@ -147,22 +147,13 @@ class _EagerFeatures(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        from .backward import PRE_REDUCE_RUNS, backward_plan
+        from .backward import eager_input_grads
 
         points, rotations, planes = ctx.saved_tensors
-        need_points, need_rotations, need_planes = ctx.needs_input_grad[:3]
-        coordinate_grad = bool(need_points or need_rotations)
-        plan = ctx.backward_plans[coordinate_grad]
-        if plan.runs != PRE_REDUCE_RUNS:  # switched since the plan was made
-            plan = backward_plan(points, rotations, planes, coordinate_grad)
-        grad_points, grad_rot, grad_planes = plan(grad_out.contiguous(), points, rotations, planes)
-        return (
-            grad_points if need_points else None,
-            grad_rot if need_rotations else None,
-            grad_planes if need_planes else None,
-            None,
-            None,
+        grads = eager_input_grads(
+            ctx.backward_plans, ctx.needs_input_grad[:3], grad_out, points, rotations, planes
         )
+        return (*grads, None, None)
 
 
 @torch.library.custom_op("tomo_kplanes::tilted_plane_features", mutates_args=())
@@ -207,16 +198,14 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _backward(ctx, grad_out):
+    from .backward import needed
+
     points, rotations, planes = ctx.saved_tensors
-    need_points, need_rotations, need_planes = ctx.needs_input_grad
-    grad_points, grad_rot, grad_planes = torch.ops.tomo_kplanes.tilted_plane_features_backward(
+    need_points, need_rotations, _ = ctx.needs_input_grad
+    grads = torch.ops.tomo_kplanes.tilted_plane_features_backward(
         grad_out.contiguous(), points, rotations, planes, bool(need_points or need_rotations)
     )
-    return (
-        grad_points if need_points else None,
-        grad_rot if need_rotations else None,
-        grad_planes if need_planes else None,
-    )
+    return needed(grads, ctx.needs_input_grad)
 
 
 _features_op.register_autograd(_backward, setup_context=_setup_context)

@@ -37,7 +37,10 @@ def _one_config_for_runs(configs: list, named_args: dict, **kwargs) -> list:
     config_space({"BLOCK_N": [32, 64, 128]}, num_warps=[2, 4, 8], num_stages=[1]),
     key=["BLOCK_C", "T", "COORD_GRAD", "RUNS"],
     prune=_one_config_for_runs,
-    reset_to_zero=["grad_rot_ptr", "grad_planes_ptr"],
+    # grad_planes may start from another gradient (the plane TV's, see tilted_plane_features_with_tv):
+    # each trial starts from a copy of it rather than from zeros
+    reset_to_zero=["grad_rot_ptr"],
+    restore_value=["grad_planes_ptr"],
     interpret_config=triton.Config({"BLOCK_N": 16}, num_warps=1, num_stages=1),
 )
 @triton.jit(do_not_specialize=["H", "W"])
@@ -227,17 +230,21 @@ class BackwardPlan:
             device=device,
         )
 
-    def __call__(self, grad_out, points, rotations, planes):
+    def __call__(self, grad_out, points, rotations, planes, grad_planes=None):
         """``(grad_points, grad_rotations, grad_planes)`` of a contiguous ``grad_out``; the first
-        two are ``None`` without ``coordinate_grad``."""
+        two are ``None`` without ``coordinate_grad``. ``grad_planes``: a buffer with the planes'
+        strides that the plane gradient is added into (and returned), zeros when ``None``."""
         if self.copy_planes:
             planes = planes.contiguous()
-        grad_planes = torch.zeros_like(planes, memory_format=torch.preserve_format)
+        if grad_planes is None:
+            grad_planes = torch.zeros_like(planes, memory_format=torch.preserve_format)
         if self.coordinate_grad:
             grad_rot = torch.zeros((self.t, 3, 3), dtype=self.dtype, device=self.device)
             grad_points = torch.empty((self.n, 3), dtype=self.dtype, device=self.device)
-        else:  # placeholders the kernel never touches
-            grad_rot = grad_points = grad_planes
+        else:
+            # placeholders the kernel never touches; not grad_planes itself, which autotuning
+            # would zero as grad_rot_ptr (and grad_planes may hold the plane TV's gradient)
+            grad_rot = grad_points = torch.empty(1, dtype=self.dtype, device=self.device)
         if self.n:
             self.launch(grad_out, points, rotations, planes, grad_points, grad_rot, grad_planes)
         elif self.coordinate_grad:
@@ -268,12 +275,33 @@ def backward_triton(
     rotations: torch.Tensor,
     planes: torch.Tensor,
     coordinate_grad: bool,
+    grad_planes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(grad_points, grad_rotations, grad_planes)``. With ``coordinate_grad=False`` the first two
-    are zeros (nothing upstream needs them)."""
+    are zeros (nothing upstream needs them). ``grad_planes`` as in :class:`BackwardPlan`."""
     plan = backward_plan(points, rotations, planes, coordinate_grad)
-    grad_points, grad_rot, grad_planes = plan(grad_out.contiguous(), points, rotations, planes)
+    grad_points, grad_rot, grad_planes = plan(
+        grad_out.contiguous(), points, rotations, planes, grad_planes
+    )
     if grad_points is None:
         grad_points = torch.zeros((points.shape[0], 3), dtype=planes.dtype, device=planes.device)
         grad_rot = torch.zeros(rotations.shape, dtype=planes.dtype, device=planes.device)
     return grad_points, grad_rot, grad_planes
+
+
+def eager_input_grads(plans, needs, grad_out, points, rotations, planes, grad_planes=None):
+    """The gradients of ``(points, rotations, planes)`` that ``needs`` (``ctx.needs_input_grad``)
+    asks for, ``None`` for the others, from ``plans`` (by ``coordinate_grad``, as made when the
+    forward ran). ``grad_planes`` as in :class:`BackwardPlan`."""
+    need_points, need_rotations, _ = needs
+    coordinate_grad = bool(need_points or need_rotations)
+    plan = plans[coordinate_grad]
+    if plan.runs != PRE_REDUCE_RUNS:  # switched since the plan was made
+        plan = backward_plan(points, rotations, planes, coordinate_grad)
+    grads = plan(grad_out.contiguous(), points, rotations, planes, grad_planes)
+    return needed(grads, needs)
+
+
+def needed(grads, needs):
+    """``grads`` with ``None`` where ``needs`` is false (autograd takes no gradient there)."""
+    return tuple(g if need else None for g, need in zip(grads, needs))
