@@ -106,8 +106,9 @@ def test_loss_terms_and_gradients_equal_the_previous_formulation(seed, device, b
     old = _loss_and_grads(obj, lambda: _previous_loss(obj, points, steps, target, weights, taps))
     assert new[1].keys() == old[1].keys() == {"data", "volume_tv", "plane_tv"}
     assert new[2].keys() == old[2].keys() and "field.rotation_params" in new[2]
-    if backend == "torch":
-        # the PyTorch path runs the same ops in the same order: equal to the bit
+    if backend == "torch" and torch.device(device).type == "cpu":
+        # the PyTorch path runs the same ops in the same order: equal to the bit (on CPU; CUDA's
+        # grid_sample backward adds with atomics, in an order that changes from run to run)
         assert torch.equal(new[0], old[0])
         for a, b in zip((*new[1].values(), *new[2].values()), (*old[1].values(), *old[2].values())):
             assert torch.equal(a, b)
