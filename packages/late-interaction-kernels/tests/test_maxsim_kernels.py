@@ -413,6 +413,19 @@ def test_rerank_gradient_takes_the_dense_kernel(rng, device, monkeypatch, normal
     assert plan.finish_q == (grads == "both")
 
 
+def test_split_grad_q_of_many_rows_keeps_its_reduction(rng, device, monkeypatch):
+    # above FINISH_MAX_QUERY_ROWS the split grad_Q is added up by its own reduction, not the dense
+    # launch
+    monkeypatch.setattr(backward_plan, "DOCS_PER_SPLIT", 2)
+    monkeypatch.setattr(backward_plan, "MIN_DOCS_PER_SPLIT", 2)
+    monkeypatch.setattr(backward_plan, "FINISH_MAX_QUERY_ROWS", 8)
+    backward_plan.BACKWARD_PLANS.clear()
+    Q, D = _inputs(rng, device, (1, 12, 16), (7, 9, 16), dtype=torch.float16)
+    assert_gradients_match(maxsim, maxsim_reference, [Q, D], generator=rng, names=["Q", "D"])
+    (plan,) = backward_plan.BACKWARD_PLANS._plans.values()
+    assert plan.dense and plan.n_split > 1 and not plan.finish_q
+
+
 def test_doc_splits_fill_the_grid():
     assert backward_plan.doc_splits(1000, 1, 528) == 125  # a rerank: runs of 8 documents
     assert backward_plan.doc_splits(256, 256, 528) == 8  # in-batch: runs of 32

@@ -42,6 +42,11 @@ PROGRAMS_PER_SM = 4
 #: with few queries (a rerank). Above it the CSR kernel's sort is cheaper than matching every
 #: query token against every row.
 DENSE_MAX_QUERY_TOKENS = 256
+#: The dense launch adds up a split grad_Q itself (one extra program per query row) when the
+#: queries hold at most this many rows: a rerank (one short query against many documents), whose
+#: step is bound by the host, saves the reduction's and the cast's launches. Larger batches keep
+#: the reduction launch: their step is bound by the GPU, where one program per row costs more.
+FINISH_MAX_QUERY_ROWS = 256
 #: Partial sums per load when the dense launch adds up a split grad_Q (a ``(splits, d)`` tile).
 FINISH_SPLIT_BLOCK = 32
 
@@ -144,7 +149,10 @@ class BackwardPlan:
             upcast, ieee = dot_settings(dtype)
             block_t = padded_dim(min(lq, 64))
             # the dense launch also adds up a split grad_Q (first q_rows programs of its grid)
-            self.finish_q = n_split > 1 and need_q and need_d and not self.empty
+            self.finish_q = (
+                n_split > 1 and q_rows <= FINISH_MAX_QUERY_ROWS and need_q and need_d
+                and not self.empty
+            )  # fmt: skip
             self.grad_d = KernelLaunch(
                 maxsim_grad_d_dense_kernel,
                 (n_docs + (q_rows if self.finish_q else 0), triton.cdiv(ld, rows_per_program)),
