@@ -1,6 +1,7 @@
 """Where the host time of one op call goes: wall time per call (many back-to-back calls, one
-synchronize), ``do_bench`` GPU time, the floor of a bare Triton launch, and a cProfile of the
-Python work behind the small shapes users call per training step.
+synchronize), ``do_bench`` GPU time, the kernels of a call (``torch.profiler``), the floor of a
+bare Triton launch, and a cProfile of the Python work behind the small shapes users call per
+training step.
 
     python3 tools/gpu/host_profile.py [--out DIR] [--calls 2000]
 """
@@ -25,6 +26,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 import triton.testing  # noqa: E402
+from step_profile import kernel_table  # noqa: E402  (this folder)
 
 
 @triton.jit
@@ -82,7 +84,12 @@ def cases():
         xs = torch.randn(b, d, device=dev)
         codes = torch.randint(0, k, (b,), device=dev)
         cb = torch.randn(k, d, device=dev)
-        state = [cb, torch.ones(k, device=dev), cb.clone(), torch.zeros(k, dtype=torch.int32, device=dev)]
+        state = [
+            cb,
+            torch.ones(k, device=dev),
+            cb.clone(),
+            torch.zeros(k, dtype=torch.int32, device=dev),
+        ]
         out[f"ema_update_ {(b, k, d)}"] = lambda xs=xs, codes=codes, state=state: ema_update_(
             xs, codes, *state, check_codes=False
         )
@@ -103,15 +110,29 @@ def main() -> None:
         fn()
         torch.cuda.synchronize()
         gpu_ms = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-        rows.append({"case": name, "wall_us": wall_us(fn, args.calls), "do_bench_us": gpu_ms * 1e3})
+        kernels = kernel_table(fn)
+        rows.append(
+            {
+                "case": name,
+                "wall_us": wall_us(fn, args.calls),
+                "do_bench_us": gpu_ms * 1e3,
+                "kernel_us": sum(k["us"] for k in kernels),
+                "kernels": kernels,
+            }
+        )
         if args.profile and not name.startswith(("torch.", "triton launch")):
             listings.append(f"===== {name}\n{profile_text(fn, 500)}")
     (out / "host_profile.json").write_text(json.dumps(rows, indent=1))
     if listings:
         (out / "host_profile.txt").write_text("\n".join(listings))
-    print(f"{'case':40s} {'wall µs':>9s} {'do_bench µs':>12s}")
+    print(f"{'case':40s} {'wall µs':>9s} {'do_bench µs':>12s} {'kernels µs':>11s}")
     for r in rows:
-        print(f"{r['case']:40s} {r['wall_us']:9.1f} {r['do_bench_us']:12.1f}")
+        print(
+            f"{r['case']:40s} {r['wall_us']:9.1f} {r['do_bench_us']:12.1f} {r['kernel_us']:11.1f}"
+        )
+        if r["case"].startswith(("ema_update_", "quantize")):
+            for k in r["kernels"]:
+                print(f"    {k['us']:8.1f} us x{k['count']}  {k['name']}")
 
 
 if __name__ == "__main__":
