@@ -33,6 +33,7 @@ debugging and for tests that compare cached against uncached results.
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -131,17 +132,18 @@ def clear_plan_caches() -> None:
         cache.clear()
 
 
-_RUNTIME_KNOBS: list = []
+@functools.cache
+def _runtime_knobs():
+    # looked up once: the import and lookup cost more than the hook check itself
+    from triton import knobs
+
+    return knobs.runtime
 
 
 def _launch_hooks_set() -> bool:
     """Whether a profiler hooked Triton's launches (then launches go through Triton, which feeds
     the hooks their metadata). Triton 3.6 keeps hooks in chains that are never ``None``."""
-    if not _RUNTIME_KNOBS:  # the import and lookup cost more than the check itself
-        from triton import knobs
-
-        _RUNTIME_KNOBS.append(knobs.runtime)
-    runtime = _RUNTIME_KNOBS[0]
+    runtime = _runtime_knobs()
     enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
     return bool(getattr(enter, "calls", enter)) or bool(getattr(leave, "calls", leave))
 

@@ -213,6 +213,10 @@ class BackwardPlan:
         self.copy_planes = torch.empty_like(probe).stride() != tuple(planes_stride)
         if self.copy_planes:
             planes_stride = torch.empty(plane_shape, device="meta").stride()
+        # without coordinate_grad: the pointer arguments the kernel never touches (not
+        # grad_planes itself, which autotuning would zero as grad_rot_ptr while it may hold the
+        # plane TV's gradient); made once, not per call
+        self.unused = None if coordinate_grad else torch.empty(1, dtype=dtype, device=device)
         self.launch = KernelLaunch(
             _backward_kernel,
             lambda meta: (triton.cdiv(n, meta["BLOCK_N"]),),
@@ -242,9 +246,7 @@ class BackwardPlan:
             grad_rot = torch.zeros((self.t, 3, 3), dtype=self.dtype, device=self.device)
             grad_points = torch.empty((self.n, 3), dtype=self.dtype, device=self.device)
         else:
-            # placeholders the kernel never touches; not grad_planes itself, which autotuning
-            # would zero as grad_rot_ptr (and grad_planes may hold the plane TV's gradient)
-            grad_rot = grad_points = torch.empty(1, dtype=self.dtype, device=self.device)
+            grad_rot = grad_points = self.unused
         if self.n:
             self.launch(grad_out, points, rotations, planes, grad_points, grad_rot, grad_planes)
         elif self.coordinate_grad:
