@@ -162,6 +162,24 @@ def test_fp8_kernel_runs_of_documents(scales, nq, lq, ld, rng):
     not interpreter_enabled(), reason="stand-in operands run only in the interpreter"
 )
 @pytest.mark.parametrize("scales", ["tensor", "token"])
+@pytest.mark.parametrize("ld", [37, 140], ids=["flat", "long-documents"])
+def test_fp8_kernel_without_masks_on_negative_similarities(scales, ld, rng):
+    """Every similarity negative and no masks: the padding past each document's last token must
+    score -inf, not the 0 of its zero rows (per-token scales fold that bound into one FMA)."""
+    Q = torch.rand(3, 5, 32, generator=rng).half() + 0.1
+    D = -(torch.rand(7, ld, 32, generator=rng).half() + 0.1)
+    sq = torch.rand(3, 5, generator=rng) + 0.5 if scales == "token" else torch.tensor(0.9)
+    sd = torch.rand(7, ld, generator=rng) + 0.5 if scales == "token" else torch.tensor(1.1)
+    got = maxsim_inference_fp8(Q, D, scale_Q=sq, scale_D=sd, backend="interpret")
+    want = maxsim_fp8_reference(Q, D, sq, sd)
+    assert (want < 0).all()
+    assert_close(got, want, dtype=torch.float16)
+
+
+@pytest.mark.skipif(
+    not interpreter_enabled(), reason="stand-in operands run only in the interpreter"
+)
+@pytest.mark.parametrize("scales", ["tensor", "token"])
 @pytest.mark.parametrize(("nq", "lq", "ld"), [(2, 20, 37), (3, 5, 37)])
 def test_fp8_tma_kernel_on_stand_in_operands(scales, nq, lq, ld, rng, monkeypatch):
     """The Hopper path (document tiles through a TMA descriptor), forced open under the

@@ -26,7 +26,14 @@ from triton_dispatch.launch import clear_plan_caches
 from vq_kernels import ema_update_
 from vq_kernels.ops.ema_update import kernels
 
-SHAPES = [(640, 256, 64), (4096, 256, 64), (16384, 1024, 64), (65536, 256, 64), (65536, 4096, 128)]
+SHAPES = [
+    (640, 256, 64),
+    (4096, 256, 64),
+    (4096, 1024, 64),
+    (16384, 1024, 64),
+    (65536, 256, 64),
+    (65536, 4096, 128),
+]
 
 
 def state(num_codes, dim, device):

@@ -93,6 +93,35 @@ def test_single_launch_update_matches_reference(shape, threshold, rng, device):
     assert_state_matches([t.cpu() for t in st], ref, replaced.cpu(), ref_replaced)
 
 
+@pytest.mark.parametrize("levels", [1, 2])
+def test_small_batch_kernel_over_many_spans(levels, rng):
+    """The small-batch kernel reads the codes a span at a time and revisits only the chunks that
+    hold its code: a batch of several spans (the interpreter's span is 64 rows), one code in every
+    chunk, one in a single late chunk, rows of the same code in neighbouring chunks, NaN rows and
+    out-of-range codes."""
+    batch, num_codes, dim = 203, 6, 5
+    x = randn((levels, batch, dim), generator=rng)
+    codes = randint(2, num_codes, (levels, batch), generator=rng)
+    codes[:, ::16] = 0  # a row in every chunk
+    codes[:, 190] = 1  # the last span only
+    codes[:, 31:34] = 5  # across a chunk boundary
+    codes[:, 7] = num_codes  # ignored
+    codes[:, 8] = -1
+    x[:, 9, 1] = float("nan")  # skipped
+    state = make_state(levels, num_codes, dim, rng=rng)
+    candidates = randint(0, batch, (levels, num_codes), generator=rng)
+    if levels == 1:
+        x, codes = x[0], codes[0]
+    st, replaced = _run(x, codes, state, candidates, decay=0.8, check_codes=False)
+    x3 = x if levels > 1 else x[None]
+    c3 = codes if levels > 1 else codes[None]
+    ref, ref_replaced = reference_step(
+        x3, c3, state, candidates, decay=0.8, semantics="active_only",
+        threshold=DEFAULT_THRESHOLDS["active_only"],
+    )  # fmt: skip
+    assert_state_matches(st, ref, replaced, ref_replaced)
+
+
 @pytest.mark.parametrize("semantics", ["active_only", "decay_all"])
 def test_torch_backend_matches_reference(semantics, rng):
     batch, num_codes, dim, levels = 19, 7, 6, 2

@@ -21,7 +21,6 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("semantics", ["active_only", "decay_all"])
 @pytest.mark.parametrize("deterministic", [False, True])
-# the last two take the small-batch kernel for active-only updates (B·K up to 2**22)
 @pytest.mark.parametrize(
     "shape",
     [(65536, 256, 64, 1), (5000, 1000, 130, 3), (3, 4096, 2000, 1), (4096, 1024, 64, 1),
@@ -53,6 +52,32 @@ def test_ema_update_matches_reference_on_cuda(shape, semantics, deterministic, d
         threshold=DEFAULT_THRESHOLDS[semantics],
     )
     assert_state_matches([t.cpu() for t in cuda], ref, replaced.cpu(), ref_replaced, tol=1e-5)
+
+
+@pytest.mark.parametrize("small_max_work", [0, 1 << 40], ids=["cooperative", "small-batch"])
+@pytest.mark.parametrize("shape", [(640, 256, 64, 1), (4096, 1024, 64, 2), (5000, 300, 130, 1)])
+def test_repeated_updates_through_the_launch_plan(shape, small_max_work, rng, monkeypatch):
+    """Later calls of one shape replay a bound launch (the first compiles): four steps in a row,
+    each against the float64 reference, on both single-launch designs."""
+    from triton_dispatch.launch import clear_plan_caches
+    from vq_kernels.ops.ema_update import kernels
+
+    monkeypatch.setattr(kernels, "SMALL_UPDATE_MAX_WORK", small_max_work)
+    clear_plan_caches()
+    batch, num_codes, dim, levels = shape
+    cuda = [t.cuda() for t in make_state(levels, num_codes, dim, rng=rng)]
+    for _ in range(4):
+        state = [t.cpu() for t in cuda]
+        x = randn((levels, batch, dim), generator=rng)
+        codes = randint(0, num_codes, (levels, batch), generator=rng)
+        candidates = randint(0, batch, (levels, num_codes), generator=rng)
+        replaced = ema_update_(x.cuda(), codes.cuda(), *cuda, candidates=candidates.cuda())
+        ref, ref_replaced = reference_step(
+            x, codes, state, candidates, decay=0.99, semantics="active_only",
+            threshold=DEFAULT_THRESHOLDS["active_only"],
+        )  # fmt: skip
+        assert_state_matches([t.cpu() for t in cuda], ref, replaced.cpu(), ref_replaced, tol=1e-5)
+    clear_plan_caches()
 
 
 def test_deterministic_mode_is_bitwise_equal_under_contention(rng):

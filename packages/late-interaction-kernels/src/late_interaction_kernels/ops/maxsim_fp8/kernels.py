@@ -56,6 +56,12 @@ def _fold_tile(
     s = dot_rows(q, x, IEEE)
     if D_PER_TOKEN:
         sd = _valid_scale(tl.load(SD + j * ld + t, mask=t_ok, other=0.0))
+        if MASKED and not HAS_DM and not TMA:
+            # The bound mask rides on the scale's multiply as an addend, one FMA per element
+            # instead of a multiply and a select: a token past the document was loaded as zeros
+            # with scale 0, so its similarity is 0 * 0 - inf = -inf; inside it adds 0.
+            s = s * sd[None, :] + tl.where(t_ok, 0.0, float("-inf"))[None, :]
+            return max_nan(acc, s)
         s = s * sd[None, :]
     if HAS_DM:
         t_ok = t_ok & (tl.load(DM + j * ld + t, mask=t_ok, other=0) != 0)

@@ -555,9 +555,9 @@ def _plan_update(
     x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
     dead_threshold, candidates, generator, deterministic, check_codes, backend,
 ):  # fmt: skip
-    """The eager plan of a validated update: small active-only batches bind the single-launch
-    small-batch kernel (no scratch, no zero-fill, no atomics); everything else runs
-    :func:`_apply_update`."""
+    """The eager plan of a validated update. Active-only updates bind one launch: the
+    small-batch kernel (no scratch, no zero-fill, no atomics) below its crossover, the cooperative
+    scatter + epilogue kernel above it. Everything else runs :func:`_apply_update`."""
     call = _resolve_update(
         x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
         dead_threshold, candidates, generator, backend,
@@ -576,33 +576,59 @@ def _plan_update(
         and x.is_contiguous()
         and codes.is_contiguous()
         and (candidates is None or candidates.is_contiguous())
-        and small_update_fits(batch, num_codes, dim)
     )
+
+    def general(x, codes, codebook, cluster_size, embed_sum, steps, candidates, generator):
+        return _apply_update(
+            call, x, codes, codebook, cluster_size, embed_sum, steps, decay, eps, semantics,
+            candidates, generator, deterministic, None, check_codes,
+        )  # fmt: skip
+
     if not fast:
-
-        def general(x, codes, codebook, cluster_size, embed_sum, steps, candidates, generator):
-            return _apply_update(
-                call, x, codes, codebook, cluster_size, embed_sum, steps, decay, eps, semantics,
-                candidates, generator, deterministic, None, check_codes,
-            )  # fmt: skip
-
         return general
 
-    launch = small_update_launch(levels, batch, num_codes, dim, device, decay, eps, threshold)
     check = check_codes if check_codes is not None else device.type != "cuda"
     shape = cluster_size.shape
 
-    def small(x, codes, codebook, cluster_size, embed_sum, steps, candidates, generator):
+    def draw(codes, steps, candidates, generator):
         if check:
             _check_code_range(codes, num_codes)
         if threshold is None:
-            cand = steps  # never read as a row index without restarts
-        elif candidates is None:
-            cand = torch.randint(0, batch, shape, generator=generator, device=device)
-        else:
-            cand = candidates  # clamped into [0, B) by the kernel
+            return steps  # never read as a row index without restarts
+        if candidates is None:
+            return torch.randint(0, batch, shape, generator=generator, device=device)
+        return candidates  # clamped into [0, B) by the kernels
+
+    if small_update_fits(batch, num_codes, dim):
+        launch = small_update_launch(levels, batch, num_codes, dim, device, decay, eps, threshold)
+
+        def small(x, codes, codebook, cluster_size, embed_sum, steps, candidates, generator):
+            cand = draw(codes, steps, candidates, generator)
+            replaced = torch.empty(shape, dtype=torch.bool, device=device)
+            launch(x, codes, codebook, cluster_size, embed_sum, steps, cand, replaced)
+            return replaced
+
+        return small
+    if chosen != "triton":  # the interpreter runs programs one by one: no grid barrier there
+        return general
+
+    from .kernels import fused_update, fused_update_launch, fused_update_scratch
+
+    settings = dict(decay=float(decay), eps=float(eps), threshold=threshold)
+    bound: list = [None]  # the kernel's launch, once a first update has compiled it
+
+    def cooperative(x, codes, codebook, cluster_size, embed_sum, steps, candidates, generator):
+        cand = draw(codes, steps, candidates, generator)
+        launch = bound[0]
+        if launch is None:
+            lead = (lambda t: t) if x.dim() == 3 else (lambda t: t.unsqueeze(0))
+            state = [lead(t) for t in (x, codes, codebook, cluster_size, embed_sum, steps, cand)]
+            replaced = fused_update(*state, **settings)
+            bound[0] = fused_update_launch(*state[:3], state[5], **settings)
+            return replaced.view(shape)
+        scratch = fused_update_scratch(levels, num_codes, dim, device)
         replaced = torch.empty(shape, dtype=torch.bool, device=device)
-        launch(x, codes, codebook, cluster_size, embed_sum, steps, cand, replaced)
+        launch(x, codes, scratch, codebook, cluster_size, embed_sum, steps, cand, replaced)
         return replaced
 
-    return small
+    return cooperative

@@ -350,15 +350,20 @@ def ema_epilogue_kernel(
 
 @triton.jit
 def fused_update_kernel(
-    x_ptr, codes_ptr, barrier_ptr, codebook_ptr, size_ptr, sum_ptr, counter_ptr, counts_ptr,
-    sums_ptr, cand_ptr, replaced_ptr, B, LK, K, D, decay, eps, threshold,
+    x_ptr, codes_ptr, scratch_ptr, codebook_ptr, size_ptr, sum_ptr, counter_ptr, cand_ptr,
+    replaced_ptr, B, LK, K, D, decay, eps, threshold,
     HAS_THRESHOLD: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
     SINGLE_TILE: tl.constexpr, SCATTER_B: tl.constexpr, SCATTER_D: tl.constexpr,
 ):  # fmt: skip
     """Active-only statistics and epilogue in one launch (non-distributed updates): a cooperative
     grid of persistent programs scatters every row tile, meets at a grid-wide barrier, then runs
     the epilogue over every block of codes. Must be launched with ``launch_cooperative_grid=True``
-    (all programs resident, or the launch fails) and a zeroed ``barrier`` counter."""
+    (all programs resident, or the launch fails) and ``scratch`` zeroed: fp32 counts (L·K), sums
+    (L·K, D) and the barrier counter (int32 zeros are fp32 zeros), one allocation so that a call
+    passes one pointer."""
+    counts_ptr = scratch_ptr
+    sums_ptr = scratch_ptr + LK
+    barrier_ptr = (scratch_ptr + tl.cast(LK, tl.int64) * (D + 1)).to(tl.pointer_type(tl.int32))
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     levels = LK // K
@@ -550,36 +555,81 @@ def fused_update(
     """
     levels, batch, dim = x.shape
     num_codes = codebook.shape[1]
-    total = levels * num_codes
-    # One zero-fill for counts, sums and the barrier counter (int32 zeros are fp32 zeros).
-    scratch = torch.zeros(total * (dim + 1) + 1, device=x.device, dtype=torch.int32)
-    counts = scratch[:total].view(torch.float32)
-    sums = scratch[total : total * (dim + 1)].view(torch.float32)
-    barrier = scratch[total * (dim + 1) :]
-    replaced = torch.empty(levels, num_codes, device=x.device, dtype=torch.bool)
-    scatter_b, scatter_d = _scatter_blocks(dim)
-    block_k, block_d = _epilogue_blocks(dim)
-    work = max(triton.cdiv(batch, scatter_b) * levels, triton.cdiv(total, block_k))
-    interpreting = triton_interpreting()
-    regime = (x.device, x.dtype, codes.dtype, codebook.dtype, counter.dtype, scatter_b, scatter_d)
-    regime += (block_d, threshold is not None)
+    regime = _fused_regime(x, codes, codebook, counter, threshold)
+    bound, options = _fused_bound(levels, batch, num_codes, dim, decay, eps, threshold)
     if programs is None:
-        # As many programs as the SMs hold at once (known once the kernel is compiled: registers
-        # bound it; two per SM until then, which always fit), so the scatter has enough loads and
-        # atomics in flight. A cooperative launch fails rather than hangs if they would not fit.
-        per_sm = _RESIDENT_PER_SM.get(regime, 2)
-        programs = min(work, per_sm * device_facts(x.device).sm_count)
-    extra = {} if interpreting else {"launch_cooperative_grid": True}
+        programs = _fused_programs(regime, levels, batch, num_codes, dim, x.device)
+    scratch = fused_update_scratch(levels, num_codes, dim, x.device)
+    replaced = torch.empty(levels, num_codes, device=x.device, dtype=torch.bool)
     compiled = fused_update_kernel[(programs,)](
-        x, codes, barrier, codebook, cluster_size, embed_sum, counter, counts, sums, candidates,
-        replaced, batch, total, num_codes, dim, float(decay), float(eps),
-        float(threshold) if threshold is not None else 0.0,
-        threshold is not None, block_k, block_d, dim <= scatter_d, scatter_b, scatter_d,
-        num_warps=_FUSED_WARPS, **extra,
+        x, codes, scratch, codebook, cluster_size, embed_sum, counter, candidates, replaced,
+        **bound, **options,
     )  # fmt: skip
-    if not interpreting and regime not in _RESIDENT_PER_SM:
+    if not triton_interpreting() and regime not in _RESIDENT_PER_SM:
         _RESIDENT_PER_SM[regime] = _resident_programs(compiled, _FUSED_WARPS)
     return replaced
+
+
+def fused_update_scratch(levels: int, num_codes: int, dim: int, device) -> torch.Tensor:
+    """The zeroed scratch of one fused update: counts, sums and the barrier counter, one fill."""
+    return torch.zeros(levels * num_codes * (dim + 1) + 1, device=device, dtype=torch.float32)
+
+
+def fused_update_launch(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    codebook: torch.Tensor,
+    counter: torch.Tensor,
+    *,
+    decay: float,
+    eps: float,
+    threshold: float | None,
+) -> KernelLaunch | None:
+    """The bound launch of ``fused_update_kernel`` for updates shaped like these tensors; per call
+    it takes ``x, codes, scratch, codebook, cluster_size, embed_sum, counter, candidates,
+    replaced``. ``None`` until one :func:`fused_update` of this regime has compiled the kernel
+    (its residency per SM sets the grid)."""
+    regime = _fused_regime(x, codes, codebook, counter, threshold)
+    if regime not in _RESIDENT_PER_SM:
+        return None
+    levels, batch, dim = x.shape
+    num_codes = codebook.shape[1]
+    bound, options = _fused_bound(levels, batch, num_codes, dim, decay, eps, threshold)
+    programs = _fused_programs(regime, levels, batch, num_codes, dim, x.device)
+    return KernelLaunch(fused_update_kernel, (programs,), bound, device=x.device, options=options)
+
+
+def _fused_regime(x, codes, codebook, counter, threshold) -> tuple:
+    scatter_b, scatter_d = _scatter_blocks(x.shape[-1])
+    block_d = _epilogue_blocks(x.shape[-1])[1]
+    return (x.device, x.dtype, codes.dtype, codebook.dtype, counter.dtype, scatter_b, scatter_d,
+            block_d, threshold is not None)  # fmt: skip
+
+
+def _fused_bound(levels, batch, num_codes, dim, decay, eps, threshold) -> tuple[dict, dict]:
+    scatter_b, scatter_d = _scatter_blocks(dim)
+    block_k, block_d = _epilogue_blocks(dim)
+    bound = dict(
+        B=batch, LK=levels * num_codes, K=num_codes, D=dim, decay=float(decay), eps=float(eps),
+        threshold=float(threshold) if threshold is not None else 0.0,
+        HAS_THRESHOLD=threshold is not None, BLOCK_K=block_k, BLOCK_D=block_d,
+        SINGLE_TILE=dim <= scatter_d, SCATTER_B=scatter_b, SCATTER_D=scatter_d,
+    )  # fmt: skip
+    options = {"num_warps": _FUSED_WARPS}
+    if not triton_interpreting():
+        options["launch_cooperative_grid"] = True
+    return bound, options
+
+
+def _fused_programs(regime, levels, batch, num_codes, dim, device) -> int:
+    """As many programs as the SMs hold at once (known once the kernel is compiled: registers
+    bound it; two per SM until then, which always fit), so the scatter has enough loads and
+    atomics in flight. A cooperative launch fails rather than hangs if they would not fit."""
+    scatter_b, _ = _scatter_blocks(dim)
+    block_k, _ = _epilogue_blocks(dim)
+    work = max(triton.cdiv(batch, scatter_b) * levels, triton.cdiv(levels * num_codes, block_k))
+    per_sm = _RESIDENT_PER_SM.get(regime, 2)
+    return min(work, per_sm * device_facts(device).sm_count)
 
 
 _FUSED_WARPS = 4
@@ -606,10 +656,13 @@ def triton_interpreting() -> bool:
 
 
 #: The small-batch kernel runs while B·K is at most this and D at most
-#: :data:`SMALL_UPDATE_MAX_DIM`: there one program per code scanning every code of the batch beats the
-#: scatter's zero-fill, atomics and grid barrier. From H100 timings (BENCHMARKS.md, "small-batch
-#: kernel" rows of ``benchmarks/ema_update.py``).
-SMALL_UPDATE_MAX_WORK = 1 << 22
+#: :data:`SMALL_UPDATE_MAX_DIM`; above it the cooperative scatter + epilogue kernel. With both
+#: launched from a plan, the cooperative kernel's GPU time is flat from (640, 256, 64) to
+#: (16384, 1024, 64) (5–8 µs plus a 1 µs zero-fill), while the small-batch kernel's grows with B·K
+#: (13 µs at 640 × 256, 54 µs at 4096 × 1024); the small one is ahead only up to about 16 Ki
+#: (3.9 against 5.5 µs at 64 × 16, even at 256 × 64) and needs no zero-fill launch. From H100
+#: kernel times (BENCHMARKS.md, "crossover" rows of ``benchmarks/ema_update.py``).
+SMALL_UPDATE_MAX_WORK = 1 << 14
 SMALL_UPDATE_MAX_DIM = 256
 
 
