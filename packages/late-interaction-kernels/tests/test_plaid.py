@@ -44,6 +44,7 @@ def test_padded_scores_and_query_gradient(nbits, normalize, rng):
 def test_ragged_layout_matches_padded(normalize, rng):
     codes, residuals, lengths, centroids, weights = _index(rng, 4)
     lengths[2] = 0
+    lengths[3] = codes.shape[1]  # a document longer than the max_seqlen_d=1 refused below
     mask = torch.arange(codes.shape[1]) < lengths[:, None]
     cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
     Q = torch.randn(3, 16, generator=rng)  # one 2-D query
