@@ -661,7 +661,8 @@ def triton_interpreting() -> bool:
 #: (16384, 1024, 64) (5–8 µs plus a 1 µs zero-fill), while the small-batch kernel's grows with B·K
 #: (13 µs at 640 × 256, 54 µs at 4096 × 1024); the small one is ahead only up to about 16 Ki
 #: (3.9 against 5.5 µs at 64 × 16, even at 256 × 64) and needs no zero-fill launch. From H100
-#: kernel times (BENCHMARKS.md, "crossover" rows of ``benchmarks/ema_update.py``).
+#: kernel times (``tools/gpu/ema_crossover.py``; BENCHMARKS.md, "The cooperative kernel from the
+#: plan").
 SMALL_UPDATE_MAX_WORK = 1 << 14
 SMALL_UPDATE_MAX_DIM = 256
 
