@@ -656,13 +656,13 @@ def triton_interpreting() -> bool:
 
 
 #: The small-batch kernel runs while B·K is at most this and D at most
-#: :data:`SMALL_UPDATE_MAX_DIM`; above it the cooperative scatter + epilogue kernel. With both
-#: launched from a plan, the cooperative kernel's GPU time is flat from (640, 256, 64) to
-#: (16384, 1024, 64) (5–8 µs plus a 1 µs zero-fill), while the small-batch kernel's grows with B·K
-#: (13 µs at 640 × 256, 54 µs at 4096 × 1024); the small one is ahead only up to about 16 Ki
-#: (3.9 against 5.5 µs at 64 × 16, even at 256 × 64) and needs no zero-fill launch. From H100
-#: kernel times (``tools/gpu/ema_crossover.py``; BENCHMARKS.md, "The cooperative kernel from the
-#: plan").
+#: :data:`SMALL_UPDATE_MAX_DIM`; above it the cooperative scatter + epilogue kernel. Launched from
+#: a plan, the cooperative call's GPU work is nearly flat, 7.7–13 µs from (640, 256, 64) to
+#: (16384, 256, 64) (kernel, zero-fill, candidate draw). The small-batch kernel reads every code of
+#: the batch in every program, so its call grows with B·K: 15 µs at 640 × 256, 58 µs at
+#: 4096 × 1024. It is ahead only at the smallest sizes: 5.4 against 7.1 µs at 64 × 16, level at
+#: 256 × 64, and one launch fewer. H100 figures from ``tools/gpu/ema_crossover.py`` (BENCHMARKS.md,
+#: "The cooperative kernel from the plan").
 SMALL_UPDATE_MAX_WORK = 1 << 14
 SMALL_UPDATE_MAX_DIM = 256
 
