@@ -12,6 +12,13 @@ KERNEL = "interpret" if interpreter_enabled() else None
 
 def _matrices(rng, t, *, spread, reflect=(), device="cpu", dtype=torch.float64):
     m = torch.eye(3, dtype=torch.float64) + spread * torch.randn(t, 3, 3, generator=rng, dtype=torch.float64)
+    for i in range(t):
+        # redraw a nearly singular matrix (its nearest rotation is ill-posed) and, where a
+        # reflection is asked for, one that is a reflection already
+        while torch.linalg.svdvals(m[i]).min() < 0.1 or (i in reflect and torch.linalg.det(m[i]) < 0):
+            m[i] = torch.eye(3, dtype=torch.float64) + spread * torch.randn(
+                3, 3, generator=rng, dtype=torch.float64
+            )
     for i in reflect:
         m[i, :, 0] = -m[i, :, 0]  # det < 0: the nearest rotation is not the polar factor
     return m.to(device=device, dtype=dtype)
