@@ -555,10 +555,10 @@ def fused_update(
     """
     levels, batch, dim = x.shape
     num_codes = codebook.shape[1]
-    regime = _fused_regime(x, codes, codebook, counter, threshold)
     bound, options = _fused_bound(levels, batch, num_codes, dim, decay, eps, threshold)
+    regime = _fused_regime(x, codes, codebook, counter, bound)
     if programs is None:
-        programs = _fused_programs(regime, levels, batch, num_codes, dim, x.device)
+        programs = _fused_programs(regime, bound, x.device)
     scratch = fused_update_scratch(levels, num_codes, dim, x.device)
     replaced = torch.empty(levels, num_codes, device=x.device, dtype=torch.bool)
     compiled = fused_update_kernel[(programs,)](
@@ -589,21 +589,19 @@ def fused_update_launch(
     it takes ``x, codes, scratch, codebook, cluster_size, embed_sum, counter, candidates,
     replaced``. ``None`` until one :func:`fused_update` of this regime has compiled the kernel
     (its residency per SM sets the grid)."""
-    regime = _fused_regime(x, codes, codebook, counter, threshold)
+    levels, batch, dim = x.shape
+    bound, options = _fused_bound(levels, batch, codebook.shape[1], dim, decay, eps, threshold)
+    regime = _fused_regime(x, codes, codebook, counter, bound)
     if regime not in _RESIDENT_PER_SM:
         return None
-    levels, batch, dim = x.shape
-    num_codes = codebook.shape[1]
-    bound, options = _fused_bound(levels, batch, num_codes, dim, decay, eps, threshold)
-    programs = _fused_programs(regime, levels, batch, num_codes, dim, x.device)
+    programs = _fused_programs(regime, bound, x.device)
     return KernelLaunch(fused_update_kernel, (programs,), bound, device=x.device, options=options)
 
 
-def _fused_regime(x, codes, codebook, counter, threshold) -> tuple:
-    scatter_b, scatter_d = _scatter_blocks(x.shape[-1])
-    block_d = _epilogue_blocks(x.shape[-1])[1]
-    return (x.device, x.dtype, codes.dtype, codebook.dtype, counter.dtype, scatter_b, scatter_d,
-            block_d, threshold is not None)  # fmt: skip
+def _fused_regime(x, codes, codebook, counter, bound: dict) -> tuple:
+    """What the compiled kernel's residency per SM depends on."""
+    return (x.device, x.dtype, codes.dtype, codebook.dtype, counter.dtype, bound["SCATTER_B"],
+            bound["SCATTER_D"], bound["BLOCK_D"], bound["HAS_THRESHOLD"])  # fmt: skip
 
 
 def _fused_bound(levels, batch, num_codes, dim, decay, eps, threshold) -> tuple[dict, dict]:
@@ -621,13 +619,15 @@ def _fused_bound(levels, batch, num_codes, dim, decay, eps, threshold) -> tuple[
     return bound, options
 
 
-def _fused_programs(regime, levels, batch, num_codes, dim, device) -> int:
+def _fused_programs(regime, bound: dict, device) -> int:
     """As many programs as the SMs hold at once (known once the kernel is compiled: registers
     bound it; two per SM until then, which always fit), so the scatter has enough loads and
     atomics in flight. A cooperative launch fails rather than hangs if they would not fit."""
-    scatter_b, _ = _scatter_blocks(dim)
-    block_k, _ = _epilogue_blocks(dim)
-    work = max(triton.cdiv(batch, scatter_b) * levels, triton.cdiv(levels * num_codes, block_k))
+    levels = bound["LK"] // bound["K"]
+    work = max(
+        triton.cdiv(bound["B"], bound["SCATTER_B"]) * levels,
+        triton.cdiv(bound["LK"], bound["BLOCK_K"]),
+    )
     per_sm = _RESIDENT_PER_SM.get(regime, 2)
     return min(work, per_sm * device_facts(device).sm_count)
 
