@@ -205,25 +205,30 @@ def test_fp8_tma_kernel_on_stand_in_operands(scales, nq, lq, ld, rng, monkeypatc
 @pytest.mark.skipif(
     not interpreter_enabled(), reason="stand-in operands run only in the interpreter"
 )
-@pytest.mark.parametrize("ld", [16, 37])  # whole document tiles only, and a partial last tile
+# whole document tiles only, a partial last tile, and long documents (the nested loop, which
+# checks a document's scales once instead of per tile)
+@pytest.mark.parametrize("ld", [16, 37, 140])
 @pytest.mark.parametrize("scales", ["tensor", "token"])
 def test_fp8_kernel_invalid_scales_give_nan(scales, ld, rng):
-    Q, D, q_mask, d_mask = _collection(rng, 2, 3, 5, ld, 32, dtype=torch.float32)
-    q_mask[:, :2], d_mask[2, ld - 1] = True, True  # live tokens hold the bad scales
+    Q, D, q_mask, d_mask = _collection(rng, 2, 4, 5, ld, 32, dtype=torch.float32)
+    # live tokens hold the bad scales (document 1 is masked whole), and a masked one in document 3
+    q_mask[:, :2], d_mask[2, ld - 1], d_mask[0, 3], d_mask[3, 4] = True, True, True, False
     if scales == "token":
-        sq, sd = torch.rand(2, 5, generator=rng) + 0.5, torch.rand(3, ld, generator=rng) + 0.5
+        sq, sd = torch.rand(2, 5, generator=rng) + 0.5, torch.rand(4, ld, generator=rng) + 0.5
         sq[0, 1], sd[1, 2], sd[2, ld - 1] = -0.5, float("inf"), float("nan")
+        sd[0, 3], sd[3, 4] = -0.25, float("inf")  # a negative scale would give finite scores
     else:
         sq, sd = torch.tensor(-0.7), torch.tensor(1.3)
-    got = maxsim_inference_fp8(
-        Q, D, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask, backend="interpret"
-    )
-    want = maxsim_fp8_reference(Q, D, sq, sd, q_mask, d_mask)
-    assert want.isnan().any()
-    # NaN exactly where the reference has it: a masked token's scale takes no part
-    assert torch.equal(got.isnan(), want.isnan())
-    finite = ~want.isnan()
-    assert_close(got[finite], want[finite], dtype=torch.float32)
+    for masks in ((q_mask, d_mask), (None, None)):
+        got = maxsim_inference_fp8(
+            Q, D, scale_Q=sq, scale_D=sd, q_mask=masks[0], d_mask=masks[1], backend="interpret"
+        )
+        want = maxsim_fp8_reference(Q, D, sq, sd, *masks)
+        assert want.isnan().any()
+        # NaN exactly where the reference has it: a masked token's scale takes no part
+        assert torch.equal(got.isnan(), want.isnan())
+        finite = ~want.isnan()
+        assert_close(got[finite], want[finite], dtype=torch.float32)
 
 
 def test_fp8_invalid_scales_read_as_nan_on_the_host(rng):
@@ -265,10 +270,12 @@ fp8 = {{"Q": "*fp8e4nv", "D": "*fp8e4nv", "SQ": "*fp32", "SD": "*fp32", "QM": "*
        "DM": "*u8", "OUT": "*fp32", "nq": "i32", "nd": "i32", "lq": "i32", "ld": "i32",
        "dim": "i32", "docs_per_prog": "i32"}}
 for per_token in (True, False):
-    compile_one(fp8_maxsim_kernel, fp8, dict(Q_PER_TOKEN=per_token, D_PER_TOKEN=per_token,
-                HAS_QM=per_token, HAS_DM=per_token, IEEE=False, FLAT=per_token,
-                QUERIES=1 if per_token else 4, BLOCK_Q=128 if per_token else 32,
-                BLOCK_D=64 if per_token else 128, BLOCK_K=128))
+    for flat in (True, False):
+        compile_one(fp8_maxsim_kernel, fp8, dict(Q_PER_TOKEN=per_token, D_PER_TOKEN=per_token,
+                    HAS_QM=per_token, HAS_DM=per_token, IEEE=False, FLAT=flat,
+                    QUERIES=1 if per_token else 4, TRANS=flat and per_token,
+                    BLOCK_Q=128 if per_token else 32, BLOCK_D=64 if per_token else 128,
+                    BLOCK_K=128))
     tma = dict(fp8, DDESC="tensordesc<fp8e4nv[64,128]>")
     compile_one(fp8_maxsim_tma_kernel, tma, dict(Q_PER_TOKEN=per_token, D_PER_TOKEN=per_token,
                 HAS_QM=per_token, HAS_DM=per_token, IEEE=False, FLAT=True,

@@ -266,15 +266,20 @@ def _geometry(
         target = per_sm * device_facts(Q.device).sm_count
         runs = max(1, min(nd, triton.cdiv(target, groups)))
     per_run = triton.cdiv(nd, runs)
+    flat = triton.cdiv(ld, 64 if not interp else 16) <= FLAT_MAX_TILES
     bound = dict(
         nq=nq, nd=nd, lq=lq, ld=ld, dim=dim, docs_per_prog=per_run,
         Q_PER_TOKEN=sq.dim() > 0, D_PER_TOKEN=sd.dim() > 0, HAS_QM=q_mask is not None,
-        HAS_DM=d_mask is not None, IEEE=Q.dtype == torch.float32,
-        FLAT=triton.cdiv(ld, 64 if not interp else 16) <= FLAT_MAX_TILES, QUERIES=queries,
+        HAS_DM=d_mask is not None, IEEE=Q.dtype == torch.float32, FLAT=flat, QUERIES=queries,
         BLOCK_Q=block_q, BLOCK_K=block_k,
     )  # fmt: skip
     if use_tma:
         bound["BLOCK_D"] = 16 if interp else TMA_BLOCK_D
+    else:
+        # short documents with per-token scales: (document tokens, query rows) tiles (H100,
+        # 1 × 10,000 × 32 × 300: 0.150 against 0.175 ms); long documents keep (query rows,
+        # document tokens), 0.070 against 0.075 ms at 1 × 1000 × 128 × 1024
+        bound["TRANS"] = flat and sd.dim() > 0
     rows = nq * query_blocks
     return bound, (groups, triton.cdiv(nd, per_run)), query_blocks, rows
 
