@@ -565,11 +565,6 @@ PLAID_APPROX_SCORE = OpSpec(
     ],
 )
 
-TOPK_NAN = (
-    "the fused top-k kernel (Triton and interpreter) skips NaN similarities and never ranks a "
-    "NaN score, where torch.topk on the score matrix ranks NaN first"
-)
-
 SPECS = [
     MAXSIM,
     MAXSIM_PAIRS,
@@ -595,10 +590,7 @@ SPECS = [
             spec, xfail={f"{spec.name}-Q_packed-nonfinite-nan_inf": NEG_INF_BEST}
         )
     ]
-    + bad_input_params(
-        MAXSIM_TOPK,
-        xfail={f"maxsim_topk-{a}-nonfinite-nan_inf": TOPK_NAN for a in ("Q", "D")},
-    ),
+    + bad_input_params(MAXSIM_TOPK),
 )
 def test_bad_inputs(case, seed, device):
     check_bad_input(case, seed=seed, device=device)

@@ -69,8 +69,12 @@ def test_fused_topk_matches_reference(largest, normalize, masks, rng):
 
 
 @pytest.mark.parametrize(("nq", "lq", "ld"), [(5, 7, 32), (3, 20, 17)])
-def test_fused_topk_with_several_queries_per_program(nq, lq, ld, rng):
-    # several queries share one program's tile, padded queries included (8 slots for 5)
+def test_fused_topk_with_several_queries(nq, lq, ld, rng, monkeypatch):
+    # each query keeps its own running state beside the others (batches are the chunked path's
+    # by default: opened to the kernel here)
+    from late_interaction_kernels.ops import maxsim_topk as op
+
+    monkeypatch.setattr(op, "FUSED_MAX_QUERIES", 64)
     Q, D, q_mask, d_mask = _collection(rng, nq, 11, lq, ld, 16)
     got = maxsim_topk(Q, D, 3, q_mask, d_mask)
     _check_topk(got, Q, D, 3, q_mask, d_mask, False, True)
@@ -83,6 +87,42 @@ def test_topk_ties_and_k_above_nd(rng):
     scores, idx = maxsim_topk(Q, D, 9)
     assert scores.shape == (1, 5)
     _check_topk((scores, idx), Q, D, 5, None, None, False, True)
+
+
+@pytest.mark.parametrize("order", ["rising", "falling", "shuffled", "equal"])
+@pytest.mark.parametrize("largest", [True, False])
+def test_running_topk_through_many_windows(order, largest, rng, monkeypatch):
+    """Small merge windows (16 offers, a ring of 4), so 150 documents fill the ring several times
+    over: rising scores offer every document (the worst order), equal scores tie everywhere (the
+    earlier documents win), NaN scores rank as in ``torch.topk``."""
+    from late_interaction_kernels.ops.maxsim_topk import launch
+
+    from late_interaction_kernels.ops import maxsim_topk as op
+
+    monkeypatch.setattr(launch, "MIN_SORT", 32)
+    monkeypatch.setattr(op, "FUSED_MAX_QUERIES", 64)
+    nq, nd = 3, 150
+    Q = torch.rand(nq, 3, 8, generator=rng) + 0.5
+    level = {
+        "rising": torch.arange(nd, dtype=torch.float32),
+        "falling": -torch.arange(nd, dtype=torch.float32),
+        "shuffled": torch.randperm(nd, generator=rng).float(),
+        "equal": torch.zeros(nd),
+    }[order]
+    D = torch.randn(nd, 2, 8, generator=rng) * 0.01 + (1 + level / nd)[:, None, None]
+    if order == "equal":
+        D = D[:1].expand(nd, 2, 8).clone()
+    if order == "shuffled":
+        D[[17, 90]] = float("nan")
+    want = maxsim_topk_reference(Q.double(), D.double(), 5, largest=largest)
+    scores, idx = maxsim_topk(Q, D, 5, largest=largest)
+    assert_close(scores, want.values, dtype=torch.float32, name="top-k scores")
+    if order == "equal":
+        assert torch.equal(idx, torch.arange(5).expand(nq, 5))
+    elif order == "shuffled" and largest:
+        assert set(idx[:, :2].flatten().tolist()) == {17, 90}
+    else:
+        assert torch.equal(idx, want.indices)
 
 
 @pytest.mark.parametrize("backend", ["torch", None])
@@ -259,13 +299,16 @@ sys.path.insert(0, {tests!r})
 from compile_for_hopper import compile_one
 from late_interaction_kernels.ops.maxsim_topk.kernels import topk_kernel
 from late_interaction_kernels.ops.maxsim_fp8.kernels import fp8_maxsim_kernel, fp8_maxsim_tma_kernel
-topk = {{"Q": "*bf16", "D": "*bf16", "QM": "*u8", "DM": "*u8", "OUT_KEY": "*fp32",
-        "OUT_IDX": "*i64", "nq": "i32", "lq": "i32", "ld": "i32", "dim": "i32", "nd": "i32",
-        "docs_per_prog": "i32"}}
-for norm, largest, queries, block_d in ((True, True, 1, 64), (False, False, 4, 128)):
+topk = {{"Q": "*bf16", "D": "*bf16", "QM": "*u8", "DM": "*u8", "STATE": "*i64",
+        "LISTS": "*i64", "OUT_SCORE": "*fp32", "OUT_INDEX": "*i64", "nq": "i32", "lq": "i32",
+        "ld": "i32", "dim": "i32", "nd": "i32", "k": "i32"}}
+for norm, largest, queries, block_d, tile_max in ((True, True, 1, 64, True),
+                                                  (False, False, 4, 128, False)):
     compile_one(topk_kernel, topk, dict(HAS_QM=True, HAS_DM=True, NORMALIZE=norm,
-                LARGEST=largest, UPCAST=False, IEEE=False, NORM_EPS=1e-12, QUERIES=queries,
-                BLOCK_Q=32, BLOCK_D=block_d, BLOCK_K=128, K_PAD=128))
+                LARGEST=largest, UPCAST=False, IEEE=False, NORM_EPS=1e-12, EVEN_K=True,
+                DYNAMIC_BOUNDS=True, BLOCK_Q=32 * queries, BLOCK_K=128, K_PAD=128,
+                WINDOW=384, SORT=512, STATE_WORDS=16, LIST_WORDS=128 + 4 * 384,
+                BLOCK_D=block_d, TILE_MAX=tile_max))
 fp8 = {{"Q": "*fp8e4nv", "D": "*fp8e4nv", "SQ": "*fp32", "SD": "*fp32", "QM": "*u8",
        "DM": "*u8", "OUT": "*fp32", "nq": "i32", "nd": "i32", "lq": "i32", "ld": "i32",
        "dim": "i32", "docs_per_prog": "i32"}}
@@ -293,6 +336,37 @@ def test_topk_gpu_bf16(nq, nd, lq, ld, k, rng):
     Q, D, q_mask, d_mask = _collection(rng, nq, nd, lq, ld, 128, torch.bfloat16, "cuda")
     got = maxsim_topk(Q, D, k, q_mask, d_mask, normalize=True)
     _check_topk(got, Q, D, k, q_mask, d_mask, True, True, dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("order", ["rising", "shuffled", "equal"])
+@pytest.mark.parametrize(("nq", "k"), [(1, 100), (2, 1000)])
+def test_topk_gpu_running_state_under_load(order, nq, k, rng):
+    """Thousands of programs offering at once, on the real GPU: rising scores offer every
+    document (every window is merged under the lock while others wait for their slot), equal
+    scores tie everywhere; repeated calls must agree with ``maxsim`` + ``torch.topk`` exactly."""
+    from late_interaction_kernels import maxsim
+
+    nd = 30000
+    Q = torch.rand(nq, 16, 64, generator=rng).to("cuda", torch.bfloat16)
+    level = {
+        "rising": torch.arange(nd, dtype=torch.float32),
+        "shuffled": torch.randperm(nd, generator=rng).float(),
+        "equal": torch.zeros(nd),
+    }[order]
+    D = (torch.rand(nd, 24, 64, generator=rng) * 0.01 + (1 + level / nd)[:, None, None])
+    D = D.to("cuda", torch.bfloat16)
+    if order == "equal":
+        D = D[:1].expand(nd, 24, 64).contiguous()
+    want = maxsim(Q, D).topk(k, dim=1)
+    for _ in range(3):
+        scores, idx = maxsim_topk(Q, D, k)
+        torch.testing.assert_close(scores, want.values, rtol=1e-5, atol=1e-5)
+        if order == "equal":
+            assert torch.equal(idx.cpu(), torch.arange(k).expand(nq, k))
+        else:
+            assert torch.equal(scores.cpu(), maxsim(Q, D).gather(1, idx).cpu())
+            assert all(row.unique().numel() == k for row in idx)
 
 
 @pytest.mark.gpu

@@ -1,14 +1,13 @@
-"""Triton kernel of ``maxsim_topk``: fused MaxSim scoring and a running top-k per program.
+"""Triton kernel of ``maxsim_topk``: MaxSim scoring that offers each score to a running top-k.
 
-Program ``(g, p)`` holds ``QUERIES`` queries in registers (their tokens stacked into one tile of
-``QUERIES * BLOCK_Q`` rows, so each document tile is read once for all of them and feeds a larger
-``tl.dot``), scores its run of documents and keeps, per query, the ``K_PAD`` best keys seen so far
-in registers: a new document replaces the query's current worst key when it beats it. Only the
-programs' candidates are written, ``(Nq, programs, K_PAD)``.
-
-The loop runs over (document, tile) pairs as one flat sequence, so the compiler's software
-pipeline prefetches the next document's first tile while the current one finishes: streaming the
-collection at memory speed is the whole cost at corpus scale.
+Program ``j * Nq + q`` scores document ``j`` for query ``q`` with the forward kernel's own tile
+loop, one program per (document, query) as in ``maxsim``: streaming the collection at memory
+speed is the whole cost at corpus scale, and that grid streams it fastest (a document's queries
+run side by side and read it from L2; stacking 4 queries per program measured 1.6x slower on
+16 × 20,000 documents). Each score is then
+offered to its query's running top-k in global memory (:mod:`.running_topk`); once the list holds
+``k`` documents, a score below its ``k``-th best is dropped after one read of the threshold. The
+last program of a query writes its results, so one launch returns them, sorted.
 """
 
 from __future__ import annotations
@@ -18,82 +17,66 @@ import triton.language as tl
 
 from triton_dispatch import autotune, config_space
 
-from ..tiles import dot_rows, load_rows
+from ..maxsim.forward import _best_over_document
+from .running_topk import DONE, finish, offer, pack
 
-_CONFIGS = config_space({"BLOCK_D": [64, 128]}, num_warps=[4, 8], num_stages=[3, 4])
-_INTERPRET_CONFIG = triton.Config({"BLOCK_D": 16}, num_warps=4, num_stages=1)
+# H100, 1 × 100,000 × 32 × 300: 64-token tiles with a tile-wide maximum won over 128-token ones
+# and the per-tile reduction; the space stays small because every config compiles the merge too
+_CONFIGS = config_space({"BLOCK_D": [64], "TILE_MAX": [True]}, num_warps=[4, 8], num_stages=[3, 4])
+_INTERPRET_CONFIG = triton.Config({"BLOCK_D": 16, "TILE_MAX": True}, num_warps=4, num_stages=1)
 
 
 @autotune(
     _CONFIGS,
-    key=["QUERIES", "BLOCK_Q", "BLOCK_K", "NORMALIZE", "HAS_DM"],
+    key=["BLOCK_Q", "BLOCK_K", "NORMALIZE", "HAS_DM", "K_PAD"],
+    reset_to_zero=["STATE"],
     interpret_config=_INTERPRET_CONFIG,
 )
 @triton.jit
 def topk_kernel(
-    Q, D, QM, DM, OUT_KEY, OUT_IDX,
-    nq, lq, ld, dim, nd, docs_per_prog,
+    Q, D, QM, DM, STATE, LISTS, OUT_SCORE, OUT_INDEX,
+    nq, lq, ld, dim, nd, k,
     HAS_QM: tl.constexpr, HAS_DM: tl.constexpr, NORMALIZE: tl.constexpr,
     LARGEST: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, NORM_EPS: tl.constexpr,
-    QUERIES: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
-    K_PAD: tl.constexpr,
+    EVEN_K: tl.constexpr, DYNAMIC_BOUNDS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, K_PAD: tl.constexpr, WINDOW: tl.constexpr,
+    SORT: tl.constexpr, STATE_WORDS: tl.constexpr, LIST_WORDS: tl.constexpr, BLOCK_D: tl.constexpr,
+    TILE_MAX: tl.constexpr,
 ):  # fmt: skip
-    g = tl.program_id(0)
-    p = tl.program_id(1)
-    n_prog = tl.num_programs(1)
-    r = tl.arange(0, QUERIES * BLOCK_Q)
-    query = g * QUERIES + r // BLOCK_Q
-    token = r % BLOCK_Q
-    row_ok = (token < lq) & (query < nq)
+    # a document's queries are neighbours in launch order, so it is read from HBM once for all
+    pid = tl.program_id(0)
+    j = pid // nq
+    qi = pid - j * nq
+    token = tl.arange(0, BLOCK_Q)
+    row_ok = token < lq
     ks = tl.arange(0, BLOCK_K)
-    cols = tl.arange(0, BLOCK_D)
     k_ok = ks < dim
-    q_rows = query.to(tl.int64) * lq + token
-    q = load_rows(Q, q_rows, row_ok, ks, k_ok, dim, UPCAST)
-    q_live = row_ok
-    if HAS_QM:
-        q_live = q_live & (tl.load(QM + q_rows, mask=row_ok, other=0) != 0)
+    q_rows = qi.to(tl.int64) * lq + token
+    if EVEN_K:
+        q = tl.load(Q + q_rows[:, None] * dim + ks[None, :], mask=row_ok[:, None], other=0.0)
+    else:
+        q_ok = row_ok[:, None] & k_ok[None, :]
+        q = tl.load(Q + q_rows[:, None] * dim + ks[None, :], mask=q_ok, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
     if NORMALIZE:
         qf = q.to(tl.float32)
-        q_inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(qf * qf, 1)), NORM_EPS)
-
-    lanes = tl.arange(0, K_PAD)
-    best = tl.full([QUERIES, K_PAD], float("-inf"), tl.float32)
-    best_idx = tl.full([QUERIES, K_PAD], -1, tl.int64)
-    m = tl.full([QUERIES * BLOCK_Q], float("-inf"), tl.float32)
-    # int64 document offsets: Nd * Ld * d passes 2**31 on large collections
-    start = p.to(tl.int64) * docs_per_prog
-    count = tl.minimum(start + docs_per_prog, nd) - start
-    n_tiles = tl.cdiv(ld, BLOCK_D)
-    for step in range(0, count * n_tiles):
-        jj = step // n_tiles
-        t0 = (step - jj * n_tiles) * BLOCK_D
-        j = start + jj
-        t = t0 + cols
-        t_ok = t < ld
-        x = load_rows(D, j * ld + t, t_ok, ks, k_ok, dim, UPCAST)
-        s = dot_rows(q, x, IEEE)
-        if NORMALIZE:
-            xf = x.to(tl.float32)
-            x_inv = 1.0 / tl.maximum(tl.sqrt(tl.sum(xf * xf, 1)), NORM_EPS)
-            s = s * q_inv[:, None] * x_inv[None, :]
-        if HAS_DM:
-            t_ok = t_ok & (tl.load(DM + j * ld + t, mask=t_ok, other=0) != 0)
-        s = tl.where(t_ok[None, :], s, float("-inf"))
-        m = tl.maximum(m, tl.max(s, 1))
-        if t0 + BLOCK_D >= ld:  # the document's last tile: its scores are complete
-            per_token = tl.where(q_live & (m > float("-inf")), m, 0.0)
-            score = tl.sum(tl.reshape(per_token, [QUERIES, BLOCK_Q]), 1)
-            key = score if LARGEST else -score
-            worst = tl.min(best, 1)
-            slot = tl.argmin(best, 1)
-            # the new key takes the worst slot if it beats it (earlier documents win ties)
-            take = (lanes[None, :] == slot[:, None]) & (key[:, None] > worst[:, None])
-            best = tl.where(take, key[:, None], best)
-            best_idx = tl.where(take, j, best_idx)
-            m = tl.full([QUERIES * BLOCK_Q], float("-inf"), tl.float32)
-    qs = g * QUERIES + tl.arange(0, QUERIES)
-    out = (qs.to(tl.int64)[:, None] * n_prog + p) * K_PAD + lanes[None, :]
-    ok = (qs < nq)[:, None]
-    tl.store(OUT_KEY + out, best, mask=ok)
-    tl.store(OUT_IDX + out, best_idx, mask=ok)
+        q_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(qf * qf, 1)), NORM_EPS)
+    else:
+        q_scale = tl.zeros([BLOCK_Q], tl.float32)  # unused
+    best, _ = _best_over_document(
+        q, q_scale, D, None, DM, j, j.to(tl.int64) * ld, ld, ld, ld, dim, ks, k_ok,
+        False, HAS_DM, False, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, DYNAMIC_BOUNDS,
+        TILE_MAX, BLOCK_Q, BLOCK_D,
+    )  # fmt: skip
+    keep = row_ok & (best != float("-inf"))
+    if HAS_QM:
+        keep = keep & (tl.load(QM + q_rows, mask=row_ok, other=0) != 0)
+    state = STATE + qi * STATE_WORDS
+    topk_list = LISTS + qi.to(tl.int64) * LIST_WORDS
+    offer(state, topk_list, pack(tl.sum(tl.where(keep, best, 0.0), 0), j, LARGEST), k, K_PAD,
+          WINDOW, SORT)  # fmt: skip
+    # the query's last program: every offer is in, merges included
+    if tl.atomic_add(state + DONE, 1) == nd - 1:
+        tl.debug_barrier()
+        finish(state, topk_list, OUT_SCORE + qi.to(tl.int64) * k, OUT_INDEX + qi.to(tl.int64) * k,
+               k, LARGEST, K_PAD, WINDOW, SORT)  # fmt: skip
