@@ -95,9 +95,8 @@ def test_running_topk_through_many_windows(order, largest, rng, monkeypatch):
     """Small merge windows (16 offers, a ring of 4), so 150 documents fill the ring several times
     over: rising scores offer every document (the worst order), equal scores tie everywhere (the
     earlier documents win), NaN scores rank as in ``torch.topk``."""
-    from late_interaction_kernels.ops.maxsim_topk import launch
-
     from late_interaction_kernels.ops import maxsim_topk as op
+    from late_interaction_kernels.ops.maxsim_topk import launch
 
     monkeypatch.setattr(launch, "MIN_SORT", 32)
     monkeypatch.setattr(op, "FUSED_MAX_QUERIES", 64)
