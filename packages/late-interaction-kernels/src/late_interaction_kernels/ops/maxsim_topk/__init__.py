@@ -3,9 +3,9 @@
 On the Triton backend, for one or two queries, one launch (:mod:`.kernels`) scores every document
 and offers each score to a running top-k per query that lives in a fixed-size state (the ``k``
 best so far, a ring of recent offers), so memory does not grow with the number of documents, and
-its last program writes the sorted results. Elsewhere (batches of queries, other backends, shapes the kernel does not
-take) documents are scored ``chunk_size`` at a time with :func:`maxsim` and a running top-k is
-merged after each chunk.
+its last program writes the sorted results. Elsewhere (batches of queries, other backends,
+shapes the kernel does not take) documents are scored ``chunk_size`` at a time with
+:func:`maxsim` and a running top-k is merged after each chunk.
 """
 
 from __future__ import annotations

@@ -2,12 +2,12 @@
 
 Program ``j * Nq + q`` scores document ``j`` for query ``q`` with the forward kernel's own tile
 loop, one program per (document, query) as in ``maxsim``: streaming the collection at memory
-speed is the whole cost at corpus scale, and that grid streams it fastest (a document's queries
-run side by side and read it from L2; stacking 4 queries per program measured 1.6x slower on
-16 × 20,000 documents). Each score is then
-offered to its query's running top-k in global memory (:mod:`.running_topk`); once the list holds
-``k`` documents, a score below its ``k``-th best is dropped after one read of the threshold. The
-last program of a query writes its results, so one launch returns them, sorted.
+speed is the whole cost at corpus scale, and that grid streams it fastest for one query (a
+document's queries run side by side and read it from L2; batches of queries take the chunked
+path instead, see :data:`..maxsim_topk.FUSED_MAX_QUERIES`). Each score is then offered to its
+query's running top-k in global memory (:mod:`.running_topk`); once the list holds ``k``
+documents, a score below its ``k``-th best is dropped after one read of the threshold. The last
+program of a query writes its results, so one launch returns them, sorted.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import triton.language as tl
 from triton_dispatch import autotune, config_space
 
 from ..maxsim.forward import _best_over_document
+from ..tiles import load_rows
 from .running_topk import DONE, finish, offer, pack
 
 # H100, 1 × 100,000 × 32 × 300: 64-token tiles with a tile-wide maximum won over 128-token ones
@@ -38,8 +39,9 @@ def topk_kernel(
     nq, lq, ld, dim, nd, k,
     HAS_QM: tl.constexpr, HAS_DM: tl.constexpr, NORMALIZE: tl.constexpr,
     LARGEST: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, NORM_EPS: tl.constexpr,
-    EVEN_K: tl.constexpr, DYNAMIC_BOUNDS: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, K_PAD: tl.constexpr, WINDOW: tl.constexpr,
-    SORT: tl.constexpr, STATE_WORDS: tl.constexpr, LIST_WORDS: tl.constexpr, BLOCK_D: tl.constexpr,
+    EVEN_K: tl.constexpr, DYNAMIC_BOUNDS: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr, K_PAD: tl.constexpr, WINDOW: tl.constexpr, SORT: tl.constexpr,
+    STATE_WORDS: tl.constexpr, LIST_WORDS: tl.constexpr, BLOCK_D: tl.constexpr,
     TILE_MAX: tl.constexpr,
 ):  # fmt: skip
     # a document's queries are neighbours in launch order, so it is read from HBM once for all
@@ -51,13 +53,7 @@ def topk_kernel(
     ks = tl.arange(0, BLOCK_K)
     k_ok = ks < dim
     q_rows = qi.to(tl.int64) * lq + token
-    if EVEN_K:
-        q = tl.load(Q + q_rows[:, None] * dim + ks[None, :], mask=row_ok[:, None], other=0.0)
-    else:
-        q_ok = row_ok[:, None] & k_ok[None, :]
-        q = tl.load(Q + q_rows[:, None] * dim + ks[None, :], mask=q_ok, other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = load_rows(Q, q_rows, row_ok, ks, k_ok, dim, UPCAST)
     if NORMALIZE:
         qf = q.to(tl.float32)
         q_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(qf * qf, 1)), NORM_EPS)

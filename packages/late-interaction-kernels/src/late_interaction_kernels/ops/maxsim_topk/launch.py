@@ -6,7 +6,7 @@ import torch
 
 from triton_dispatch import interpreter_enabled, next_power_of_2, padded_dim
 
-from ..maxsim.forward import dot_settings
+from ..maxsim.forward import NORM_EPS, dot_settings
 from .kernels import topk_kernel
 from .running_topk import RING, STATE_WORDS
 
@@ -21,7 +21,6 @@ MAX_DIM = 256
 MAX_PROGRAMS = 2**31 - 1
 #: Smallest sort of a merge (kept list and one window of offers); a window is the rest of it.
 MIN_SORT = 512
-NORM_EPS = 1e-12
 
 
 def _mask_ok(mask, shape) -> bool:
