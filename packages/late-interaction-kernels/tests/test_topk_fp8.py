@@ -29,6 +29,22 @@ pytestmark = pytest.mark.filterwarnings(
 )
 
 
+@pytest.fixture(params=[True, False], ids=["tile-max", "row-max"])
+def fp8_running_best(request, monkeypatch):
+    """The FP8 kernel with each running best the autotuner may pick on a GPU: the tile-wide
+    elementwise maximum (the interpreter's one config) and each tile's row maxima."""
+    import triton
+
+    from late_interaction_kernels.ops import maxsim_fp8
+    from late_interaction_kernels.ops.maxsim_fp8.kernels import fp8_maxsim_kernel
+
+    config = triton.Config({"BLOCK_D": 16, "TILE_MAX": request.param}, num_warps=4, num_stages=1)
+    monkeypatch.setattr(fp8_maxsim_kernel, "configs", [config])
+    maxsim_fp8._PLANS.clear()
+    yield request.param
+    maxsim_fp8._PLANS.clear()
+
+
 def _collection(rng, nq, nd, lq, ld, dim, dtype=torch.float32, device="cpu"):
     Q = torch.randn(nq, lq, dim, generator=rng).to(device, dtype)
     D = torch.randn(nd, ld, dim, generator=rng).to(device, dtype)
@@ -166,7 +182,7 @@ def test_fp8_scores_from_dequantised_values(scales, rng):
 )
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("scales", ["tensor", "token", "mixed"])
-def test_fp8_kernel_on_stand_in_operands(dtype, scales, rng):
+def test_fp8_kernel_on_stand_in_operands(dtype, scales, rng, fp8_running_best):
     Q, D, q_mask, d_mask = _collection(rng, 2, 3, 20, 21, 40, dtype=dtype)
     sq = torch.rand(2, 20, generator=rng) + 0.5 if scales != "tensor" else torch.tensor(0.7)
     sd = torch.rand(3, 21, generator=rng) + 0.5 if scales == "token" else torch.tensor(1.3)
@@ -185,7 +201,7 @@ def test_fp8_kernel_on_stand_in_operands(dtype, scales, rng):
     [(2, 20, 37), (3, 5, 37), (3, 5, 140)],
     ids=["two-query-blocks", "stacked-queries", "long-documents"],
 )
-def test_fp8_kernel_runs_of_documents(scales, nq, lq, ld, rng):
+def test_fp8_kernel_runs_of_documents(scales, nq, lq, ld, rng, fp8_running_best):
     # 7 documents over 3 programs (runs of 3, 3 and 1) with partial last tiles; a query of two
     # token blocks, 3 short queries stacked in one program (4 slots), documents past the flat loop
     Q, D, q_mask, d_mask = _collection(rng, nq, 7, lq, ld, 32, dtype=torch.float16)
@@ -202,7 +218,7 @@ def test_fp8_kernel_runs_of_documents(scales, nq, lq, ld, rng):
 )
 @pytest.mark.parametrize("scales", ["tensor", "token"])
 @pytest.mark.parametrize("ld", [37, 140], ids=["flat", "long-documents"])
-def test_fp8_kernel_without_masks_on_negative_similarities(scales, ld, rng):
+def test_fp8_kernel_without_masks_on_negative_similarities(scales, ld, rng, fp8_running_best):
     """Every similarity negative and no masks: the padding past each document's last token must
     score -inf, not the 0 of its zero rows (per-token scales fold that bound into one FMA)."""
     Q = torch.rand(3, 5, 32, generator=rng).half() + 0.1
@@ -248,7 +264,7 @@ def test_fp8_tma_kernel_on_stand_in_operands(scales, nq, lq, ld, rng, monkeypatc
 # checks a document's scales once instead of per tile)
 @pytest.mark.parametrize("ld", [16, 37, 140])
 @pytest.mark.parametrize("scales", ["tensor", "token"])
-def test_fp8_kernel_invalid_scales_give_nan(scales, ld, rng):
+def test_fp8_kernel_invalid_scales_give_nan(scales, ld, rng, fp8_running_best):
     Q, D, q_mask, d_mask = _collection(rng, 2, 4, 5, ld, 32, dtype=torch.float32)
     # live tokens hold the bad scales (document 1 is masked whole), and a masked one in document 3
     q_mask[:, :2], d_mask[2, ld - 1], d_mask[0, 3], d_mask[3, 4] = True, True, True, False
@@ -311,16 +327,17 @@ for norm, largest, queries, block_d, tile_max in ((True, True, 1, 64, True),
 fp8 = {{"Q": "*fp8e4nv", "D": "*fp8e4nv", "SQ": "*fp32", "SD": "*fp32", "QM": "*u8",
        "DM": "*u8", "OUT": "*fp32", "nq": "i32", "nd": "i32", "lq": "i32", "ld": "i32",
        "dim": "i32", "docs_per_prog": "i32"}}
-for per_token in (True, False):
+for per_token, masks in ((True, True), (True, False), (False, False)):
     for flat in (True, False):
-        compile_one(fp8_maxsim_kernel, fp8, dict(Q_PER_TOKEN=per_token, D_PER_TOKEN=per_token,
-                    HAS_QM=per_token, HAS_DM=per_token, IEEE=False, FLAT=flat,
-                    QUERIES=1 if per_token else 4, TRANS=flat and per_token,
-                    BLOCK_Q=128 if per_token else 32, BLOCK_D=64 if per_token else 128,
-                    BLOCK_K=128))
+        for tile_max in ((True,) if flat and per_token else (True, False)):
+            compile_one(fp8_maxsim_kernel, fp8, dict(Q_PER_TOKEN=per_token,
+                        D_PER_TOKEN=per_token, HAS_QM=masks, HAS_DM=masks, IEEE=False,
+                        FLAT=flat, QUERIES=1 if per_token else 4, TRANS=flat and per_token,
+                        TILE_MAX=tile_max, BLOCK_Q=128 if per_token else 32,
+                        BLOCK_D=64 if per_token else 128, BLOCK_K=128))
     tma = dict(fp8, DDESC="tensordesc<fp8e4nv[64,128]>")
     compile_one(fp8_maxsim_tma_kernel, tma, dict(Q_PER_TOKEN=per_token, D_PER_TOKEN=per_token,
-                HAS_QM=per_token, HAS_DM=per_token, IEEE=False, FLAT=True,
+                HAS_QM=masks, HAS_DM=masks, IEEE=False, FLAT=True,
                 QUERIES=1 if per_token else 4, BLOCK_Q=32, BLOCK_D=64, BLOCK_K=128))
 """
     )
