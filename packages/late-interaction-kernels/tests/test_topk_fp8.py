@@ -35,14 +35,14 @@ def fp8_running_best(request, monkeypatch):
     elementwise maximum (the interpreter's one config) and each tile's row maxima."""
     import triton
 
-    from late_interaction_kernels.ops import maxsim_fp8
     from late_interaction_kernels.ops.maxsim_fp8.kernels import fp8_maxsim_kernel
+    from triton_dispatch.launch import clear_plan_caches
 
     config = triton.Config({"BLOCK_D": 16, "TILE_MAX": request.param}, num_warps=4, num_stages=1)
     monkeypatch.setattr(fp8_maxsim_kernel, "configs", [config])
-    maxsim_fp8._PLANS.clear()
+    clear_plan_caches()
     yield request.param
-    maxsim_fp8._PLANS.clear()
+    clear_plan_caches()
 
 
 def _collection(rng, nq, nd, lq, ld, dim, dtype=torch.float32, device="cpu"):

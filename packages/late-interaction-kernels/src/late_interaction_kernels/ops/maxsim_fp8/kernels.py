@@ -201,7 +201,6 @@ def _fp8_program(
         # column mask rides on the scale's FMA, so every tile takes it and the tile code exists
         # once (134 registers instead of 168 with row maxima); otherwise the whole tiles skip the
         # mask (it would be a second per-element pass) and the partial last tile follows
-        full = (ld // BLOCK_D) * BLOCK_D
         for jj in range(0, count):
             j = start + jj
             if D_PER_TOKEN:
@@ -213,6 +212,7 @@ def _fp8_program(
                         HAS_DM, True, IEEE, TMA, TRANS, D_PER_TOKEN, TILE_MAX,
                     )  # fmt: skip
             else:
+                full = (ld // BLOCK_D) * BLOCK_D
                 for t0 in range(0, full, BLOCK_D):
                     acc = _fold_tile(
                         acc, q, D, DDESC, SD, DM, j, t0, ld, dim, cols, ks, k_ok, D_PER_TOKEN,
