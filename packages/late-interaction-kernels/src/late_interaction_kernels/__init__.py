@@ -25,6 +25,7 @@ from .padded import maxsim_padded
 from .plaid import maxsim_residual
 from .retrieve import MaxSimScorer, retrieve
 from .varlen import maxsim_varlen
+from .warmup import warmup
 
 try:
     __version__ = version("late-interaction-kernels")
@@ -49,4 +50,5 @@ __all__ = [
     "retrieve",
     "unpatch_colpali_engine",
     "unpatch_pylate",
+    "warmup",
 ]

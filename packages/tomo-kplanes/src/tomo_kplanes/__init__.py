@@ -18,6 +18,7 @@ from .phantoms import nanoparticle_phantom, shepp_logan_3d, simulate_tilt_series
 from .rotations import project_to_so3
 from .sirt import sirt
 from .train import ReconstructionConfig, ReconstructionResult, reconstruct, render_volume
+from .warmup import warmup
 
 try:
     __version__ = version("tomo-kplanes")
@@ -50,4 +51,5 @@ __all__ = [
     "ssim",
     "tilt_range",
     "tilted_plane_features",
+    "warmup",
 ]

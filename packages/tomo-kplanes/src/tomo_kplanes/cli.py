@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     rec.add_argument("--no-progress", action="store_true")
     rec.add_argument(
+        "--warmup",
+        action="store_true",
+        help="before the reconstruction, compile every kernel of a training step at this run's "
+        "shape (tomo_kplanes.warmup) and print its one-line report to stderr; the reconstruction's "
+        "own time then leaves compilation out",
+    )
+    rec.add_argument(
         "--cuda-graph",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -74,6 +81,26 @@ def _check_output(out: Path, overwrite: bool) -> None:
             f"{out} already holds {', '.join(existing)} from an earlier run; "
             "pass --overwrite to replace them or choose another --output"
         )
+
+
+def _warmup(config: ReconstructionConfig, geo: TiltGeometry, device: torch.device):
+    """:func:`tomo_kplanes.warmup` of the step ``reconstruct`` will run with ``config``."""
+    from .warmup import warmup
+
+    # reconstruct's batch: rays_per_batch, or every training ray when there are fewer
+    # (the held-out fraction of the rays takes no part in training)
+    held = round(geo.num_rays * config.holdout_fraction) if config.holdout_fraction > 0 else 0
+    rays = min(config.rays_per_batch, max(1, geo.num_rays - held))
+    plain = config.rotations == 0
+    shape = f"{config.resolution}x{config.channels}x{1 if plain else config.rotations}"
+    return warmup(
+        [shape + (":plain" if plain else "")],
+        device=device,
+        rays=rays,
+        samples=config.samples_per_ray,
+        tv_points=config.tv_points if config.weights.volume_tv > 0 else 0,
+        backend=config.backend,
+    )
 
 
 def run_reconstruct(args: argparse.Namespace) -> dict:
@@ -109,6 +136,9 @@ def run_reconstruct(args: argparse.Namespace) -> dict:
         progress=not args.no_progress, eval_every=max(50, args.steps // 8),
         cuda_graph=args.cuda_graph,
     )
+    if args.warmup:
+        report = _warmup(config, geo, device)
+        print(report, file=sys.stderr)
     t0 = time.perf_counter()
     result = reconstruct(series, geo, config)
     ours = render_volume(result.object_model, shape)
@@ -120,6 +150,8 @@ def run_reconstruct(args: argparse.Namespace) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     metrics: dict = {"steps_run": result.steps_run, "stopped_early": result.stopped_early,
                      "seconds_ours": t_ours, "seconds_sirt": t_sirt, "final_loss": result.losses[-1] if result.losses else None}
+    if args.warmup:
+        metrics["seconds_warmup"] = report.seconds
     files = {}
     try:
         files["volume"] = str(write_volume_mrc(out / "volume.mrc", ours))

@@ -9,7 +9,8 @@ Public API:
 * :func:`quantize` — nearest code(s) with distance and argmin fused;
 * :func:`residual_quantize` — every level of a residual quantizer in one launch, with the
   straight-through output, the losses and the stacked inputs of the EMA update;
-* :class:`VectorQuantizer`, :class:`ResidualVQ` — nn.Modules over them; :func:`perplexity`.
+* :class:`VectorQuantizer`, :class:`ResidualVQ` — nn.Modules over them; :func:`perplexity`;
+* :func:`warmup` — compile every kernel a step at the named shapes needs, before the first step.
 """
 
 from importlib.metadata import PackageNotFoundError, version
@@ -18,6 +19,7 @@ from .modules import ResidualVQ, VectorQuantizer, VQOutput, perplexity
 from .ops.ema_update import DEFAULT_THRESHOLDS, SEMANTICS, ema_statistics, ema_update_
 from .ops.quantize import METRICS, quantize
 from .ops.residual_quantize import ResidualQuantized, residual_quantize
+from .warmup import warmup
 
 try:
     __version__ = version("vq-kernels")
@@ -38,4 +40,5 @@ __all__ = [
     "perplexity",
     "quantize",
     "residual_quantize",
+    "warmup",
 ]

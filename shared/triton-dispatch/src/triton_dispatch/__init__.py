@@ -12,6 +12,13 @@ from .autotune import (
     shape_bucket,
     tile_shared_memory,
 )
+from .autotune_mode import (
+    AUTOTUNE_ENV_VAR,
+    autotune_enabled,
+    benchmark_count,
+    set_autotune,
+    tuned_kernels,
+)
 from .backend import (
     BACKEND_ENV_VAR,
     BACKENDS,
@@ -33,6 +40,7 @@ except PackageNotFoundError:  # a source tree on PYTHONPATH
     __version__ = "0.0.0"
 
 __all__ = [
+    "AUTOTUNE_ENV_VAR",
     "BACKENDS",
     "BACKEND_ENV_VAR",
     "DEMO_ENTRY_POINT_GROUP",
@@ -43,6 +51,8 @@ __all__ = [
     "DeviceFacts",
     "__version__",
     "autotune",
+    "autotune_enabled",
+    "benchmark_count",
     "common_device",
     "config_space",
     "device_facts",
@@ -52,8 +62,10 @@ __all__ = [
     "prepare_optimizer_for_capture",
     "prune_by_shared_memory",
     "select_backend",
+    "set_autotune",
     "shape_bucket",
     "tile_shared_memory",
     "triton_available",
+    "tuned_kernels",
     "uses_triton",
 ]

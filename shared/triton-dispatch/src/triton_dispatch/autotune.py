@@ -1,21 +1,24 @@
-"""Autotune helpers: config spaces, shape-regime keys, shared-memory pruning, atomic resets.
+"""Config spaces, shape-regime keys, shared-memory pruning, and :func:`autotune`.
 
-Kernels in this workspace autotune over small spaces keyed by *shape regimes* (padded or bucketed
-sizes), never by raw batch sizes, so the autotune cache stays a handful of entries however many
-shapes a training run sees. Under the Triton interpreter ``triton.autotune`` cannot benchmark (there
-is no GPU), so :func:`autotune` collapses every space to a single config there.
+Kernels in this workspace declare small config spaces keyed by *shape regimes* (padded or bucketed
+sizes), never by raw batch sizes, so a training run that sees thousands of shapes selects a handful
+of configs. By default a regime's config comes from the package's shipped table or a heuristic, not
+from benchmarking (see :mod:`triton_dispatch.tuned_kernel`); under the Triton interpreter, which
+cannot benchmark, every space collapses to its interpreter config.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .backend import interpreter_enabled
 from .device import device_facts
+
+if TYPE_CHECKING:
+    from .tuned_kernel import TunedKernel
 
 
 def next_power_of_2(n: int) -> int:
@@ -115,40 +118,51 @@ def autotune(
     configs: Sequence,
     key: Sequence[str],
     *,
+    default: Any = None,
     prune: Callable[..., list] | None = None,
     reset_to_zero: Iterable[str] | None = None,
     restore_value: Iterable[str] | None = None,
     interpret_config: Any = None,
-    **kwargs: Any,
-):
-    """``triton.autotune`` with this workspace's conventions.
+    do_bench: Callable[..., Any] | None = None,
+) -> Callable[[Any], TunedKernel]:
+    """Wrap a ``@triton.jit`` kernel with a config space, chosen per shape regime without
+    benchmarking unless autotuning is switched on (see :class:`TunedKernel`).
 
     Args:
         configs: the space, usually from :func:`config_space`.
-        key: argument names whose values select a tuned config. Pass shape *regimes*
+        key: argument names whose values select a config. Pass shape *regimes*
             (:func:`shape_bucket`, :func:`padded_dim` values computed by the launcher), never raw
             batch or document counts.
-        prune: an ``early_config_prune`` hook, e.g. :func:`prune_by_shared_memory`.
+        default: the config the heuristic starts from where the package's table has no row for
+            the device (a ``triton.Config`` or ``f(named_args) -> triton.Config``); by default the
+            first of ``configs``.
+        prune: an ``early_config_prune`` hook, e.g. :func:`prune_by_shared_memory`; it bounds
+            table rows and the heuristic as well as autotuning.
         reset_to_zero: output arguments a kernel accumulates into with atomics. Autotuning runs the
             kernel once per config on the same buffers; without a reset, each trial adds to the
             previous one's result and the first real call returns a multiple of the answer.
         restore_value: in-place arguments restored after each trial.
         interpret_config: the one config used under ``TRITON_INTERPRET=1`` (default: the first of
             ``configs``). Pick small blocks: the interpreter runs each program in Python.
+        do_bench: the timing function of autotune trials (Triton's by default).
     """
-    import triton
-
     configs = list(configs)
     if not configs:
         raise ValueError("autotune(): empty config space")
-    if interpreter_enabled():
-        # The interpreter cannot benchmark (no GPU driver); a single config skips benchmarking.
-        return triton.autotune(configs=[interpret_config or configs[0]], key=list(key))
-    return triton.autotune(
-        configs=configs,
-        key=list(key),
-        prune_configs_by={"early_config_prune": prune} if prune is not None else None,
-        reset_to_zero=list(reset_to_zero) if reset_to_zero else None,
-        restore_value=list(restore_value) if restore_value else None,
-        **kwargs,
-    )
+
+    def wrap(fn) -> TunedKernel:
+        from .tuned_kernel import TunedKernel  # imports Triton: only once a kernel is declared
+
+        return TunedKernel(
+            fn,
+            configs,
+            key,
+            default=default,
+            prune=prune,
+            reset_to_zero=reset_to_zero,
+            restore_value=restore_value,
+            interpret_config=interpret_config,
+            do_bench=do_bench,
+        )
+
+    return wrap

@@ -15,13 +15,15 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
 __all__ = [
+    "check_table_configs",
     "compile_recorded",
+    "config_variants",
     "nvidia_backend_available",
     "recorded_launches",
     "unavailable_reason",
@@ -103,7 +105,7 @@ from triton.runtime.jit import JITFunction
 
 calls, capability = json.loads(sys.stdin.read())
 failures = []
-for module, name, described in calls:
+for module, name, described, options in calls:
     fn = getattr(importlib.import_module(module), name)
     while not isinstance(fn, JITFunction):
         fn = fn.fn
@@ -125,24 +127,27 @@ for module, name, described in calls:
             signature[param.name] = "fp32"
     try:
         triton.compile(
-            ASTSource(fn, signature, constexprs, attrs), target=GPUTarget("cuda", capability, 32)
+            ASTSource(fn, signature, constexprs, attrs),
+            target=GPUTarget("cuda", capability, 32),
+            options=options,
         )
     except Exception:
-        failures.append(f"{module}.{name} {constexprs}:\n{traceback.format_exc()[-3000:]}")
+        failures.append(f"{module}.{name} {constexprs} {options}:\n{traceback.format_exc()[-3000:]}")
 print(json.dumps(failures))
 """
 
 
-def compile_recorded(
-    calls: list[tuple[str, str, dict[str, list | None]]], *, capability: int = 90
-) -> list[str]:
+def compile_recorded(calls: list[tuple], *, capability: int = 90) -> list[str]:
     """Compile every distinct recorded launch for ``sm_<capability>``; returns one message per
-    launch that failed to compile (empty when all compiled)."""
+    launch that failed to compile (empty when all compiled). A launch is ``(module, name,
+    described)`` as recorded, or with a fourth item, the compile options (``num_warps``, ...)."""
     unique: dict[str, tuple] = {}
-    for module, name, described in calls:
+    for module, name, described, *rest in calls:
         if any(d is None for d in described.values()):
             continue
-        unique[json.dumps([module, name, described], sort_keys=True)] = (module, name, described)
+        options = rest[0] if rest else {}
+        entry = (module, name, described, options)
+        unique[json.dumps(entry, sort_keys=True)] = entry
     if not unique:
         return []
     # the kernels' modules import in the subprocess as they did here (test folders included)
@@ -159,3 +164,52 @@ def compile_recorded(
     if proc.returncode != 0:
         return [f"the compile check itself failed:\n{proc.stderr[-3000:]}"]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def config_variants(
+    calls: list[tuple[str, str, dict[str, list | None]]], configs_of: dict[str, list]
+) -> list[tuple]:
+    """One launch per kernel and config: the first recorded launch of each kernel named in
+    ``configs_of`` (``{kernel name: [triton.Config, ...]}``) with its constexprs and compile
+    options replaced by each config's (the GPU's block sizes instead of the interpreter's)."""
+    variants = []
+    seen: set[str] = set()
+    first = {}
+    for module, name, described in calls:
+        first.setdefault(name, (module, name, described))
+    for module, name, described in first.values():
+        for config in configs_of.get(name, ()):
+            values = {**described}
+            for k, v in config.kwargs.items():
+                values[k] = ["bool", v] if isinstance(v, bool) else ["int", v]
+            options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+            if getattr(config, "maxnreg", None) is not None:
+                options["maxnreg"] = config.maxnreg
+            key = json.dumps([module, name, values, options], sort_keys=True)
+            if key not in seen:
+                seen.add(key)
+                variants.append((module, name, values, options))
+    return variants
+
+
+def check_table_configs(
+    package: str,
+    warm: Callable[[], object],
+    *,
+    skip: Mapping[str, str] | None = None,
+    capability: int = 90,
+) -> list[str]:
+    """Compile, for ``sm_<capability>``, every config a GPU would launch for ``package``'s tuned
+    kernels (each config of its shipped tables and its heuristic's default), with the arguments
+    of a launch recorded while ``warm()`` runs under the interpreter. Returns the failures, and
+    names each tuned kernel that ``warm()`` never launched (its configs went unchecked) unless
+    ``skip`` gives the reason it cannot be launched here (``{kernel name: why}``)."""
+    from .launch_configs import table_configs
+
+    configs = {k: v for k, v in table_configs(package).items() if k not in (skip or {})}
+    with recorded_launches() as calls:
+        warm()
+    variants = config_variants(calls, configs)
+    launched = {name for _, name, _, _ in variants}
+    missing = [f"{name}: not launched by the warm-up" for name in sorted(set(configs) - launched)]
+    return missing + compile_recorded(variants, capability=capability)

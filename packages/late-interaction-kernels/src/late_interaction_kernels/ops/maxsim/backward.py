@@ -28,23 +28,15 @@ import triton.language as tl
 
 from triton_dispatch import autotune, config_space
 
-from .tuning import tuning_bench, tuning_space
+from .tuning import tuning_bench
 
 _DEFAULT_Q = triton.Config({"BLOCK_Q": 32}, num_warps=4, num_stages=1)
 _DEFAULT_R = triton.Config({"BLOCK_R": 32}, num_warps=4, num_stages=1)
-_GQ_CONFIGS = tuning_space(
-    config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1]), _DEFAULT_Q
-)
-_GD_CONFIGS = tuning_space(
-    config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1]), _DEFAULT_Q
-)
-_LOWMEM_CONFIGS = tuning_space(
-    config_space({"BLOCK_R": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1]), _DEFAULT_R
-)
+_GQ_CONFIGS = config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1])
+_GD_CONFIGS = config_space({"BLOCK_Q": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1])
+_LOWMEM_CONFIGS = config_space({"BLOCK_R": [16, 32, 64]}, num_warps=[4, 8], num_stages=[1])
 _DEFAULT_DENSE = triton.Config({"BLOCK_R": 64}, num_warps=4, num_stages=1)
-_DENSE_CONFIGS = tuning_space(
-    config_space({"BLOCK_R": [32, 64, 128]}, num_warps=[4, 8], num_stages=[1, 2]), _DEFAULT_DENSE
-)
+_DENSE_CONFIGS = config_space({"BLOCK_R": [32, 64, 128]}, num_warps=[4, 8], num_stages=[1, 2])
 #: Rows per program of the in-place normalize backward. Not autotuned: autotune trials would run
 #: the in-place update many times on the same buffer (a memory-bound pass; one size is as good).
 NORMALIZE_BLOCK_R = 16
@@ -70,7 +62,7 @@ def _grad_through_normalize(g, x):
     return inv[:, None] * (g - proj[:, None] * x_hat)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows"])
 def normalize_backward_kernel(G, X, OUT, n_rows, dim, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
     """``OUT = r·(G − (G·x̂)·x̂)`` per row, with ``r = 1/max(‖x‖, eps)`` and ``x̂ = r·x``: the
     gradient through ``F.normalize`` from the gradient ``G`` w.r.t. the normalised row. ``OUT`` may
@@ -101,10 +93,12 @@ def _query_start(LAYOUT: tl.constexpr, CUQ, pair, n_doc, lq):
 @autotune(
     _GQ_CONFIGS,
     key=["LQ_BUCKET", "BLOCK_K", "LAYOUT", "NORMALIZE"],
+    default=_DEFAULT_Q,
     interpret_config=_INTERPRET_Q,
     do_bench=tuning_bench,
 )
-@triton.jit
+# Batch sizes are not specialised on (see maxsim_fwd_kernel): a new shape must not recompile.
+@triton.jit(do_not_specialize=["n_doc", "docs_per_split", "q_rows", "lq", "LQ_BUCKET"])
 def maxsim_grad_q_kernel(
     G,
     D,
@@ -163,11 +157,12 @@ def maxsim_grad_q_kernel(
 @autotune(
     _GD_CONFIGS,
     key=["LQ_BUCKET", "BLOCK_K", "LAYOUT"],
+    default=_DEFAULT_Q,
     reset_to_zero=["GD"],
     interpret_config=_INTERPRET_Q,
     do_bench=tuning_bench,
 )
-@triton.jit
+@triton.jit(do_not_specialize=["n_doc", "lq", "LQ_BUCKET"])
 def maxsim_grad_d_atomic_kernel(
     G,
     Q,
@@ -209,9 +204,13 @@ def maxsim_grad_d_atomic_kernel(
 
 
 @autotune(
-    _LOWMEM_CONFIGS, key=["BLOCK_K", "LAYOUT"], interpret_config=_INTERPRET_R, do_bench=tuning_bench
+    _LOWMEM_CONFIGS,
+    key=["BLOCK_K", "LAYOUT"],
+    default=_DEFAULT_R,
+    interpret_config=_INTERPRET_R,
+    do_bench=tuning_bench,
 )
-@triton.jit
+@triton.jit(do_not_specialize=["n_rows", "n_doc", "lq"])
 def maxsim_grad_d_owner_kernel(
     G,
     Q,
@@ -320,10 +319,11 @@ def _finish_grad_q_row(
 @autotune(
     _DENSE_CONFIGS,
     key=["BLOCK_K", "BLOCK_T", "LAYOUT", "NORMALIZE", "ONE_CHUNK", "FINISH_Q"],
+    default=_DEFAULT_DENSE,
     interpret_config=_INTERPRET_DENSE,
     do_bench=tuning_bench,
 )
-@triton.jit
+@triton.jit(do_not_specialize=["n_query", "n_doc", "lq", "ld", "rows_per_program", "n_split", "q_rows"])
 def maxsim_grad_d_dense_kernel(
     G,
     Q,

@@ -33,7 +33,7 @@ from .. import tma
 from .buffers import output_buffer
 from .layout import ALL_PAIRS, GROUPED, VARLEN, VARLEN_ALL_PAIRS, num_pairs
 from .running_max import max_nan
-from .tuning import tuning_bench, tuning_space
+from .tuning import tuning_bench
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
 NORM_EPS = 1e-12
@@ -82,15 +82,13 @@ def _forward_config_ok(kw, warps, stages) -> bool:
     return not (kw["BLOCK_Q"] >= 64 and stages == 2)
 
 
-_FWD_CONFIGS = tuning_space(
-    config_space(
-        {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [32, 64, 128, 256], "TILE_MAX": [False, True]},
-        num_warps=[4, 8],
-        num_stages=[2, 3, 4],
-        where=_forward_config_ok,
-    ),
-    triton.Config({"BLOCK_Q": 32, "BLOCK_D": 64, "TILE_MAX": True}, num_warps=4, num_stages=3),
+_FWD_CONFIGS = config_space(
+    {"BLOCK_Q": [16, 32, 64, 128], "BLOCK_D": [32, 64, 128, 256], "TILE_MAX": [False, True]},
+    num_warps=[4, 8],
+    num_stages=[2, 3, 4],
+    where=_forward_config_ok,
 )
+_FWD_DEFAULT = triton.Config({"BLOCK_Q": 32, "BLOCK_D": 64, "TILE_MAX": True}, num_warps=4, num_stages=3)
 _FWD_INTERPRET = triton.Config(
     {"BLOCK_Q": 16, "BLOCK_D": 16, "TILE_MAX": True}, num_warps=4, num_stages=1
 )
@@ -311,11 +309,15 @@ def _forward_program(
 @autotune(
     _FWD_CONFIGS,
     key=["LQ_BUCKET", "BLOCK_K", "LAYOUT", "SAVE_ARGMAX", "HAS_QM", "HAS_DM", "NORMALIZE"],
+    default=_FWD_DEFAULT,
     prune=_prune_fwd,
     interpret_config=_FWD_INTERPRET,
     do_bench=tuning_bench,
 )
-@triton.jit
+# Sizes that change from batch to batch are not specialised on: each new ``% 16`` or ``== 1`` class of
+# them compiled the kernel and its C launcher again (about a second per new shape on an H100), and
+# rows are addressed through ``dim``, whose divisibility stays specialised.
+@triton.jit(do_not_specialize=["d_bound", "n_doc", "lq", "ld", "chunk_len", "n_chunks", "LQ_BUCKET"])
 def maxsim_fwd_kernel(
     Q,
     D,
@@ -355,7 +357,7 @@ def maxsim_fwd_kernel(
     )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["d_bound", "n_doc", "lq", "ld", "chunk_len", "n_chunks"])
 def maxsim_fwd_tma_kernel(
     Q, D, QDESC, DDESC, QM, DM, CUQ, CUD, PARTIAL, ARGMAX, d_bound, n_doc, lq, ld, chunk_len,
     n_chunks, dim,
@@ -381,14 +383,12 @@ def _prune_group(configs, named_args, **kwargs):
     return prune_by_shared_memory(_fwd_smem, device_arg="Q")(kept, named_args, **kwargs)
 
 
-_GROUP_CONFIGS = tuning_space(
-    config_space(
-        {"BLOCK_Q": [64, 128], "BLOCK_D": [64], "TILE_MAX": [False, True]},
-        num_warps=[4, 8],
-        num_stages=[2, 3],
-    ),
-    triton.Config({"BLOCK_Q": 64, "BLOCK_D": 64, "TILE_MAX": True}, num_warps=4, num_stages=3),
+_GROUP_CONFIGS = config_space(
+    {"BLOCK_Q": [64, 128], "BLOCK_D": [64], "TILE_MAX": [False, True]},
+    num_warps=[4, 8],
+    num_stages=[2, 3],
 )
+_GROUP_DEFAULT = triton.Config({"BLOCK_Q": 64, "BLOCK_D": 64, "TILE_MAX": True}, num_warps=4, num_stages=3)
 _GROUP_INTERPRET = triton.Config(
     {"BLOCK_Q": 64, "BLOCK_D": 16, "TILE_MAX": True}, num_warps=4, num_stages=1
 )
@@ -397,11 +397,12 @@ _GROUP_INTERPRET = triton.Config(
 @autotune(
     _GROUP_CONFIGS,
     key=["QGROUP", "BLOCK_K", "SAVE_ARGMAX", "HAS_QM", "HAS_DM", "NORMALIZE"],
+    default=_GROUP_DEFAULT,
     prune=_prune_group,
     interpret_config=_GROUP_INTERPRET,
     do_bench=tuning_bench,
 )
-@triton.jit
+@triton.jit(do_not_specialize=["n_query", "n_doc", "lq", "ld"])
 def maxsim_fwd_query_group_kernel(
     Q,
     D,

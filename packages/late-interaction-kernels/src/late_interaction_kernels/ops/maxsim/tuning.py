@@ -1,20 +1,11 @@
-"""Autotuning settings shared by the MaxSim kernels."""
+"""Autotune trial timing shared by the MaxSim kernels.
+
+Launch configs come from the package's table (``launch_configs/``) or a heuristic; autotuning is
+opt-in (``LATE_INTERACTION_KERNELS_AUTOTUNE=1`` or ``TRITON_DISPATCH_AUTOTUNE=1``, see
+:mod:`triton_dispatch.tuned_kernel`), and then each trial is timed here.
+"""
 
 from __future__ import annotations
-
-import os
-
-#: Set to ``0`` before the package is imported to run every kernel with its default config instead
-#: of autotuning (the GPU test suite does: it compiles dozens of shape regimes once each, where a
-#: full search per regime would take minutes; the benchmarks keep autotuning).
-AUTOTUNE_ENV_VAR = "LATE_INTERACTION_KERNELS_AUTOTUNE"
-
-
-def tuning_space(configs: list, default) -> list:
-    """``configs``, or just ``default`` when autotuning is switched off (:data:`AUTOTUNE_ENV_VAR`)."""
-    if os.environ.get(AUTOTUNE_ENV_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
-        return [default]
-    return configs
 
 
 def tuning_bench(kernel_call, quantiles):

@@ -23,7 +23,7 @@ from triton_dispatch import autotune, config_space, tile_shared_memory
 from triton_dispatch.autotune import prune_by_shared_memory
 
 from ..maxsim.running_max import score_tile_into_running_max
-from ..maxsim.tuning import tuning_bench, tuning_space
+from ..maxsim.tuning import tuning_bench
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
 NORM_EPS = 1e-12
@@ -38,10 +38,10 @@ def _smem(kw, num_stages, args) -> int:
 
 
 # a small space: each shape regime compiles every config once (the K-loop makes that slow)
-_CONFIGS = tuning_space(
-    config_space({"BLOCK_H": [64], "BLOCK_Q": [64, 128]}, num_warps=[4, 8], num_stages=[2, 3]),
-    triton.Config({"BLOCK_H": 64, "BLOCK_Q": 64}, num_warps=8, num_stages=2),
+_CONFIGS = config_space(
+    {"BLOCK_H": [64], "BLOCK_Q": [64, 128]}, num_warps=[4, 8], num_stages=[2, 3]
 )
+_DEFAULT = triton.Config({"BLOCK_H": 64, "BLOCK_Q": 64}, num_warps=8, num_stages=2)
 _INTERPRET = triton.Config({"BLOCK_H": 16, "BLOCK_Q": 16}, num_warps=4, num_stages=1)
 
 
@@ -80,6 +80,7 @@ def _project_tile(
 
 @autotune(
     _CONFIGS,
+    default=_DEFAULT,
     key=["BLOCK_T", "BLOCK_K", "H_BUCKET", "Q_BUCKET", "HAS_B", "HAS_DM", "NORMALIZE",
          "SAVE_ARGMAX"],
     prune=prune_by_shared_memory(_smem, device_arg="H"),

@@ -22,21 +22,19 @@ import triton.language as tl
 from triton_dispatch import autotune, config_space
 
 from ..maxsim.running_max import score_tile_into_running_max
-from ..maxsim.tuning import tuning_bench, tuning_space
+from ..maxsim.tuning import tuning_bench
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
 NORM_EPS = 1e-12
 
 # a small space: each shape regime (query padding, block, nbits) compiles every config once
-_FWD_CONFIGS = tuning_space(
-    config_space({"BLOCK_T": [32, 64], "BLOCK_Q": [64, 128]}, num_warps=[4, 8], num_stages=[2]),
-    triton.Config({"BLOCK_T": 64, "BLOCK_Q": 64}, num_warps=4, num_stages=2),
+_FWD_CONFIGS = config_space(
+    {"BLOCK_T": [32, 64], "BLOCK_Q": [64, 128]}, num_warps=[4, 8], num_stages=[2]
 )
+_FWD_DEFAULT = triton.Config({"BLOCK_T": 64, "BLOCK_Q": 64}, num_warps=4, num_stages=2)
 _FWD_INTERPRET = triton.Config({"BLOCK_T": 16, "BLOCK_Q": 16}, num_warps=4, num_stages=1)
-_BWD_CONFIGS = tuning_space(
-    config_space({"BLOCK_Q": [16, 32]}, num_warps=[4, 8], num_stages=[1]),
-    triton.Config({"BLOCK_Q": 32}, num_warps=4, num_stages=1),
-)
+_BWD_CONFIGS = config_space({"BLOCK_Q": [16, 32]}, num_warps=[4, 8], num_stages=[1])
+_BWD_DEFAULT = triton.Config({"BLOCK_Q": 32}, num_warps=4, num_stages=1)
 _BWD_INTERPRET = triton.Config({"BLOCK_Q": 16}, num_warps=4, num_stages=1)
 
 
@@ -72,6 +70,7 @@ def decompress_tile(
 @autotune(
     _FWD_CONFIGS,
     key=["Q_BUCKET", "BLOCK_K", "NBITS", "SAVE_ARGMAX"],
+    default=_FWD_DEFAULT,
     interpret_config=_FWD_INTERPRET,
     do_bench=tuning_bench,
 )
@@ -115,6 +114,7 @@ def residual_fwd_kernel(
 @autotune(
     _BWD_CONFIGS,
     key=["BLOCK_K", "NBITS"],
+    default=_BWD_DEFAULT,
     reset_to_zero=["GQ"],
     interpret_config=_BWD_INTERPRET,
     do_bench=tuning_bench,

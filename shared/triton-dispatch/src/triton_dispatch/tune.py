@@ -1,0 +1,137 @@
+"""The tuning command: benchmark a package's config spaces on this GPU and write its table.
+
+    python -m triton_dispatch.tune late_interaction_kernels               # the package's regimes
+    python -m triton_dispatch.tune vq_kernels --shape 65536x1024x64x3 --out my-sm89.json
+
+It switches autotuning on for the package (ignoring earlier results on disk, so every regime is
+measured now), runs the package's ``warmup()`` on the shapes named (``--shape``, in that package's
+notation; by default its ``TUNING_SHAPES``), and writes every regime's winner as a launch-config
+table (:mod:`triton_dispatch.launch_configs`) that says what device, date, versions and command made
+it. Without ``--out`` it writes the package's own table for this GPU's family, merged with the
+rows already there; review the diff like code before shipping it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.resources
+import json
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .autotune_mode import set_autotune, tuned_kernels
+from .device import device_facts
+from .launch_configs import TABLE_FOLDER, config_to_json, device_family, jsonable
+from .tuning_cache import CACHE_ENV_VAR
+
+
+def table_rows(package: str) -> dict[str, list[dict[str, Any]]]:
+    """Rows of every regime the package's kernels tuned (or read from disk) in this process."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for kernel in tuned_kernels(package):
+        for key, (config, ms) in kernel.tuned.items():
+            row = {"key": {k: jsonable(v) for k, v in key}, "config": config_to_json(config)}
+            if ms is not None:
+                row["ms"] = round(float(ms), 5)
+            rows.setdefault(kernel.name, []).append(row)
+    return rows
+
+
+def merge_rows(
+    old: Mapping[str, list[Mapping[str, Any]]], new: Mapping[str, list[Mapping[str, Any]]]
+) -> dict[str, list[dict[str, Any]]]:
+    """``old`` with ``new``'s rows added, a new row replacing an old one of the same key; rows
+    ordered by key so that diffs of a table stay readable."""
+    merged: dict[str, dict[str, dict[str, Any]]] = {}
+    for source in (old, new):
+        for name, rows in source.items():
+            for row in rows:
+                merged.setdefault(name, {})[json.dumps(row["key"], sort_keys=True)] = dict(row)
+    return {name: [rows[k] for k in sorted(rows)] for name, rows in sorted(merged.items())}
+
+
+def write_table(
+    package: str, path: Path, *, command: str, merge: bool = True, device: int | None = None
+) -> dict[str, Any]:
+    """Write the package's tuned rows of this process to ``path`` (merged with the file's rows
+    when ``merge``); returns the table."""
+    import triton
+
+    facts = device_facts(
+        torch.device("cuda", device if device is not None else torch.cuda.current_device())
+    )
+    old: dict[str, list] = {}
+    if merge and path.is_file():
+        old = json.loads(path.read_text()).get("kernels", {})
+    table = {
+        "family": device_family(facts.capability),
+        "device": facts.name,
+        "date": datetime.date.today().isoformat(),
+        "triton": triton.__version__,
+        "torch": torch.__version__,
+        "command": command,
+        "kernels": merge_rows(old, table_rows(package)),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    return table
+
+
+def default_table_path(package: str, family: str) -> Path:
+    """The package's own table for ``family`` (in its source tree or installed folder)."""
+    return Path(str(importlib.resources.files(package))) / TABLE_FOLDER / f"{family}.json"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m triton_dispatch.tune",
+        description="Benchmark a package's kernel config spaces on this GPU and write its "
+        "launch-config table.",
+    )
+    parser.add_argument("package", help="import name, e.g. late_interaction_kernels")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=None,
+        help="a shape regime in the package's warmup() notation (repeat; default: its "
+        "TUNING_SHAPES)",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="table file (default: the package's own)"
+    )
+    parser.add_argument("--replace", action="store_true", help="drop the rows already in --out")
+    args = parser.parse_args(argv)
+
+    if not torch.cuda.is_available():
+        parser.error("tuning needs a CUDA GPU: it benchmarks each config on the device")
+    os.environ[CACHE_ENV_VAR] = "0"  # measure every regime now, not from an earlier run's files
+    set_autotune(True, args.package)
+    try:
+        module = importlib.import_module(f"{args.package}.warmup")
+    except ModuleNotFoundError as exc:
+        parser.error(f"{args.package} has no warmup module ({exc})")
+    shapes = args.shape or list(module.TUNING_SHAPES)
+    family = device_family(device_facts(torch.device("cuda")).capability)
+    out = args.out or default_table_path(args.package, family)
+    command = "python -m triton_dispatch.tune " + shlex.join(sys.argv[1:] if argv is None else argv)
+    merge = not args.replace
+    for shape in shapes:  # the table is rewritten after each shape: a cut-off run keeps its rows
+        report = module.warmup([shape], device="cuda")
+        table = write_table(args.package, out, command=command, merge=merge)
+        merge = True
+        print(f"{shape}: {report.seconds:.1f} s, {report.compiled} kernels compiled", flush=True)
+    rows = sum(len(r) for r in table["kernels"].values())
+    print(f"wrote {rows} rows for {len(table['kernels'])} kernels to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

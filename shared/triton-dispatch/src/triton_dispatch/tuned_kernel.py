@@ -1,0 +1,245 @@
+"""A Triton kernel with a config space that picks its launch config without benchmarking.
+
+On the first call of each shape regime (its autotune key), :class:`TunedKernel` takes, in order:
+
+1. the autotuning result persisted on disk for this device, Triton version and kernel source
+   (:mod:`triton_dispatch.tuning_cache`), if an earlier process tuned this regime;
+2. the row of the package's shipped table for the device family (:mod:`triton_dispatch.launch_configs`)
+   with the same key, else the row with the nearest key;
+3. a heuristic: the kernel's declared default config, kept within what the device's facts allow
+   (the shared-memory prune, shallower pipelines before Ampere).
+
+Only with autotuning switched on does it benchmark the (pruned) space, as ``triton.autotune``
+does, and then it writes the winner to disk. The switch is one environment variable for every
+package, ``TRITON_DISPATCH_AUTOTUNE`` (``1``/``all``, or a comma list of package import names),
+a per-package ``<PACKAGE>_AUTOTUNE`` (``LATE_INTERACTION_KERNELS_AUTOTUNE=1``), or
+:func:`set_autotune` at run time. Either way a regime's choice is made once per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from triton.runtime.autotuner import Autotuner
+
+from . import autotune_mode, launch_configs, tuning_cache
+from .backend import interpreter_enabled
+from .device import device_facts
+
+#: Where a regime's config came from: ``cache`` (persisted autotuning), ``table`` (the exact row),
+#: ``nearest`` (a neighbouring row), ``heuristic``, ``benchmark`` (autotuned in this process).
+SOURCES = ("cache", "table", "nearest", "heuristic", "benchmark")
+
+Default = Any  # a triton.Config, or ``f(named_args) -> triton.Config``
+
+
+def _closeness(a, b) -> int:
+    """How many launch settings two configs share (for the config nearest a default)."""
+    ka, kb = a.all_kwargs(), b.all_kwargs()
+    return sum(ka.get(n) == kb.get(n) for n in set(ka) | set(kb))
+
+
+class TunedKernel(Autotuner):
+    """``triton.autotune``'s wrapper with table and heuristic selection first (see the module).
+
+    Built by :func:`triton_dispatch.autotune`; kernels launch it like any autotuned kernel.
+
+    Attributes:
+        name, package: the kernel's function name and its top-level package (its table's owner).
+        space: the whole config space (under the interpreter ``configs`` holds the one config
+            that runs there, ``space`` still the GPU's, for selection tests).
+        sources: where each regime key's config came from (:data:`SOURCES`).
+        tuned: ``{key: (config, ms)}`` of regimes autotuned (or read from disk) in this process,
+            what ``python -m triton_dispatch.tune`` writes into tables.
+    """
+
+    def __init__(
+        self,
+        fn,
+        configs: Sequence,
+        key: Sequence[str],
+        *,
+        default: Default = None,
+        prune: Callable[..., list] | None = None,
+        reset_to_zero: Iterable[str] | None = None,
+        restore_value: Iterable[str] | None = None,
+        interpret_config=None,
+        do_bench: Callable | None = None,
+    ) -> None:
+        self.space = list(configs)
+        interpreting = interpreter_enabled()
+        runs = [interpret_config or self.space[0]] if interpreting else self.space
+        super().__init__(
+            fn,
+            fn.arg_names,
+            runs,
+            list(key),
+            None if interpreting else reset_to_zero,
+            None if interpreting else restore_value,
+            prune_configs_by={"early_config_prune": prune} if prune and not interpreting else None,
+            do_bench=do_bench,
+        )
+        self.prune = prune
+        self.default = default
+        self.name: str = self.base_fn.__name__
+        self.package: str = self.base_fn.__module__.split(".")[0]
+        self.sources: dict[tuple, str] = {}
+        self.tuned: dict[tuple, tuple[Any, float | None]] = {}
+        self._identities: dict[str, dict] = {}
+        self._lock = threading.RLock()
+        autotune_mode.register(self)
+
+    # -- the call path ------------------------------------------------------------------------
+
+    def run(self, *args: Any, **kwargs: Any):
+        with self._lock:  # nargs is per-call state; warm-ups may call from several threads
+            self.nargs = dict(zip(self.arg_names, args))
+            try:
+                if len(self.configs) == 1:
+                    config = self.configs[0]
+                else:
+                    key = self.regime_key({**self.nargs, **kwargs})
+                    config = self.cache.get(key)
+                    if config is None:
+                        config = self._first_call(key, args, kwargs)
+                        self.cache[key] = config
+                self.best_config = config
+                if config.pre_hook is not None:
+                    config.pre_hook({**self.nargs, **kwargs, **config.all_kwargs()})
+                return self.fn.run(*args, **kwargs, **config.all_kwargs())
+            finally:
+                self.nargs = None
+
+    def regime_key(self, named: Mapping[str, Any]) -> tuple:
+        """The autotune key of one call as ``((name, value), ...)``: the key arguments, then the
+        dtype of each tensor argument (what ``triton.autotune`` keys on, with names)."""
+        known = {k: v for k, v in named.items() if k in self.arg_names}
+        key = [(k, known[k]) for k in self.keys if k in known]
+        key += [(k, str(v.dtype)) for k, v in known.items() if hasattr(v, "dtype")]
+        return tuple(key)
+
+    def _first_call(self, key: tuple, args: tuple, kwargs: dict):
+        named = dict(key)
+        device = self._device({**self.nargs, **kwargs})
+        stored = self._stored(named, device)
+        if stored is not None:
+            config, ms = stored
+            self.tuned[key] = (config, ms)
+            self.sources[key] = "cache"
+            return config
+        pruned = self.prune_configs(kwargs)
+        if autotune_mode.autotune_enabled(self.package):
+            config, ms = self._benchmark(args, kwargs, pruned)
+            self.tuned[key] = (config, ms)
+            self.sources[key] = "benchmark"
+            tuning_cache.store(self._identity(device), named, config, ms)
+            return config
+        facts = device_facts(device)
+        config, source = self.select(named, facts.capability, pruned, self.nargs | kwargs)
+        self.sources[key] = source
+        return config
+
+    # -- selection without benchmarks ---------------------------------------------------------
+
+    def select(
+        self,
+        key: Mapping[str, Any],
+        capability: tuple[int, int],
+        candidates: Sequence | None = None,
+        named_args: Mapping[str, Any] | None = None,
+    ) -> tuple[Any, str]:
+        """The config for one regime on a device of ``capability``, without benchmarking:
+        ``(config, source)`` with ``source`` one of ``table``/``nearest``/``heuristic``.
+
+        ``candidates`` are the configs allowed on the device (the pruned space; the whole space
+        when ``None``). Table rows whose config is not a candidate are passed over, so a table
+        made for a larger device never launches a config that does not fit.
+        """
+        candidates = list(candidates) if candidates is not None else self.space
+        family = launch_configs.device_family(capability)
+        rows = launch_configs.package_table(self.package, family).get(self.name, [])
+        for row in launch_configs.nearest_rows(
+            rows, {k: launch_configs.jsonable(v) for k, v in key.items()}
+        ):
+            try:
+                config = launch_configs.config_from_json(row.get("config"))
+            except ValueError:
+                continue
+            match = next((c for c in candidates if launch_configs.same_config(c, config)), None)
+            if match is not None:
+                exact = row["key"] == {k: launch_configs.jsonable(v) for k, v in key.items()}
+                return match, "table" if exact else "nearest"
+        return self.heuristic(capability, candidates, named_args or {}), "heuristic"
+
+    def heuristic(self, capability: tuple[int, int], candidates: Sequence, named_args: Mapping):
+        """The declared default when the device allows it, else the allowed config nearest it.
+
+        Before Ampere there is no asynchronous copy to pipeline, so deep pipelines only cost
+        shared memory: configs with at most two stages come first there.
+        """
+        candidates = list(candidates) or self.space
+        if capability < (8, 0):
+            shallow = [c for c in candidates if c.num_stages <= 2]
+            candidates = shallow or candidates
+        default = self.default(named_args) if callable(self.default) else self.default
+        if default is None:
+            return candidates[0]
+        return max(candidates, key=lambda c: (_closeness(c, default), -candidates.index(c)))
+
+    # -- autotuning and its disk cache ----------------------------------------------------------
+
+    def _bench(self, *args: Any, config, **meta: Any):
+        autotune_mode.count_benchmark()
+        return super()._bench(*args, config=config, **meta)
+
+    def _benchmark(self, args: tuple, kwargs: dict, pruned: list) -> tuple[Any, float | None]:
+        timings = {c: self._bench(*args, config=c, **kwargs) for c in pruned}
+        best = min(timings, key=timings.get)
+        self.pre_hook({**self.nargs, **kwargs, **best.all_kwargs()}, reset_only=True)
+        self.configs_timings = timings
+        ms = timings[best]
+        return best, float(ms[0] if isinstance(ms, (list, tuple)) else ms)
+
+    def _device(self, named: Mapping[str, Any]) -> torch.device:
+        tensor = next((v for v in named.values() if isinstance(v, torch.Tensor)), None)
+        return tensor.device if tensor is not None else torch.device("cpu")
+
+    def _identity(self, device: torch.device) -> dict:
+        facts = device_facts(device)
+        ident = self._identities.get(facts.name)
+        if ident is None:
+            import triton
+
+            space = repr([(self.keys, str(c)) for c in self.space])
+            source = getattr(self.base_jit, "cache_key", None) or self.name
+            ident = tuning_cache.identity(
+                kernel=f"{self.package}.{self.name}",
+                device=f"{facts.name} sm{facts.capability[0]}{facts.capability[1]}",
+                triton_version=triton.__version__,
+                source=str(source),
+                space=space,
+            )
+            self._identities[facts.name] = ident
+        return ident
+
+    def _stored(self, key: Mapping[str, Any], device: torch.device):
+        if device.type != "cuda" or interpreter_enabled() or not tuning_cache.cache_enabled():
+            return None
+        found = tuning_cache.load(self._identity(device)).get(tuning_cache.key_string(key))
+        if found is None or not any(launch_configs.same_config(found[0], c) for c in self.space):
+            return None
+        return found
+
+    @property
+    def base_jit(self):
+        """The ``JITFunction`` inside any wrappers."""
+        fn = self.fn
+        while not hasattr(fn, "arg_names") or hasattr(fn, "configs"):
+            fn = fn.fn
+        return fn
+
+
+__all__ = ["SOURCES", "TunedKernel"]
