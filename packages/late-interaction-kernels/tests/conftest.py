@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-# One config per kernel on the GPU: the suite compiles dozens of shape regimes once each, and a full
-# autotune search per regime would take minutes (test_autotuned_kernels_on_gpu covers the search).
+# The shipped table's configs on the GPU (autotuning is opt-in): the suite compiles dozens of shape
+# regimes once each, and a search per regime would take minutes (test_autotuned_kernels_on_gpu
+# covers the search).
 os.environ.setdefault("LATE_INTERACTION_KERNELS_AUTOTUNE", "0")
 
 from late_interaction_kernels.ops.maxsim import buffers

@@ -173,18 +173,22 @@ print("autotuned kernels agree")
 
 
 @gpu
-def test_autotuned_kernels_on_gpu():
-    """The rest of the suite runs one config per kernel (see conftest.py); here every config space
-    is searched, in a fresh process, and the tuned kernels must still match the reference."""
+def test_autotuned_kernels_on_gpu(tmp_path):
+    """The rest of the suite runs the shipped table's configs; here autotuning is switched on and
+    every config space is searched, in a fresh process: the tuned kernels must still match the
+    reference, and the results are kept on disk for the next process."""
     import os
     import subprocess
     import sys
 
-    env = dict(os.environ, LATE_INTERACTION_KERNELS_AUTOTUNE="1")
+    env = dict(
+        os.environ, LATE_INTERACTION_KERNELS_AUTOTUNE="1", TRITON_DISPATCH_CACHE_DIR=str(tmp_path)
+    )
     proc = subprocess.run(
         [sys.executable, "-c", _AUTOTUNED_CHECK], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert list(tmp_path.glob("late_interaction_kernels.maxsim_fwd_kernel-*.json"))
 
 
 @gpu

@@ -192,3 +192,51 @@ def test_corrupt_or_foreign_cache_files_are_ignored_with_a_warning(tmp_path, mon
     assert tuning_cache.load(IDENT)[tuning_cache.key_string(key)][0].kwargs == {"BLOCK": 32}
     monkeypatch.setenv(tuning_cache.CACHE_ENV_VAR, "0")
     assert tuning_cache.load(IDENT) == {}
+
+
+def _gpu_style_kernel(monkeypatch, launched):
+    """A TunedKernel built as on a GPU (the whole space runs), whose launches are recorded
+    instead of run and whose autotune trials return made-up timings (BLOCK 128, 8 warps wins)."""
+    import triton_dispatch.tuned_kernel as tk
+
+    monkeypatch.setattr(tk, "interpreter_enabled", lambda: False)
+    kernel = autotune(SPACE, key=["N_BUCKET", "FLAG"], default=DEFAULT)(_scale_kernel)
+    kernel.package = "fake_kernels"
+    monkeypatch.setattr(kernel.fn, "run", lambda *a, **kw: launched.append(kw), raising=False)
+
+    def trial(*args, config, **meta):
+        tk.autotune_mode.count_benchmark()
+        fast = config.kwargs["BLOCK"] == 128 and config.num_warps == 8 and config.num_stages == 2
+        return [0.5 if fast else 1.0] * 3
+
+    monkeypatch.setattr(kernel, "_bench", trial)
+    return kernel
+
+
+def test_opt_in_autotuning_benchmarks_once_and_a_new_process_reads_the_result(tmp_path, monkeypatch):
+    monkeypatch.setenv(tuning_cache.CACHE_DIR_ENV_VAR, str(tmp_path))
+    monkeypatch.setattr(lc, "package_table", lambda pkg, fam: {})
+    x, y = torch.zeros(8), torch.zeros(8)
+    launched: list[dict] = []
+    set_autotune(True, "fake_kernels")
+    try:
+        kernel = _gpu_style_kernel(monkeypatch, launched)
+        before = benchmark_count()
+        kernel[(1,)](x, y, 8, 1024, FLAG=False)
+        kernel[(1,)](x, y, 8, 1024, FLAG=False)  # the same regime: no new trials
+        assert benchmark_count() - before == len(SPACE)
+        assert [kw["BLOCK"] for kw in launched] == [128, 128] and launched[0]["num_warps"] == 8
+        assert list(kernel.sources.values()) == ["benchmark"]
+        assert len(list(tmp_path.glob("*.json"))) == 1
+    finally:
+        set_autotune(None, "fake_kernels")
+    # a restarted process (a new kernel object, autotuning off) takes the stored result
+    launched.clear()
+    again = _gpu_style_kernel(monkeypatch, launched)
+    before = benchmark_count()
+    again[(1,)](x, y, 8, 1024, FLAG=False)
+    assert benchmark_count() == before
+    assert launched[0]["BLOCK"] == 128 and list(again.sources.values()) == ["cache"]
+    # another regime, autotuning off: no trial, the heuristic (no table here)
+    again[(1,)](x, y, 8, 64, FLAG=True)
+    assert benchmark_count() == before and launched[1]["BLOCK"] == 64

@@ -226,7 +226,7 @@ class TunedKernel(Autotuner):
         return ident
 
     def _stored(self, key: Mapping[str, Any], device: torch.device):
-        if device.type != "cuda" or interpreter_enabled() or not tuning_cache.cache_enabled():
+        if interpreter_enabled() or not tuning_cache.cache_enabled():
             return None
         found = tuning_cache.load(self._identity(device)).get(tuning_cache.key_string(key))
         if found is None or not any(launch_configs.same_config(found[0], c) for c in self.space):
