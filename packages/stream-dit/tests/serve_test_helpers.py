@@ -6,13 +6,16 @@ import threading
 import time
 from contextlib import contextmanager
 
+import httpx
 import uvicorn
 
 from stream_dit.serve_load import free_port
 
 
 @contextmanager
-def serving(app, **config):
+def serving(app, *, ready: bool = True, **config):
+    """Serve ``app`` on loopback; with ``ready``, wait until ``/health`` reports ready (the engine's
+    warm-up has finished) before yielding the base URL."""
     port = free_port()
     srv = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", **config)
@@ -24,8 +27,15 @@ def serving(app, **config):
         if time.monotonic() > deadline:
             raise RuntimeError("server did not start")
         time.sleep(0.02)
+    url = f"http://127.0.0.1:{port}"
+    if ready and not wait_for(
+        lambda: httpx.get(f"{url}/health", timeout=10).status_code == 200, timeout=60
+    ):
+        srv.should_exit = True
+        thread.join(timeout=30)
+        raise RuntimeError("server did not report ready")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield url
     finally:
         srv.should_exit = True
         thread.join(timeout=30)

@@ -22,6 +22,7 @@ from diffusers_test_helpers import (
     mixed_requests,
     session_results,
 )
+from serve_test_helpers import wait_for
 
 from stream_dit import Request, StreamSession, TorchEngine
 from stream_dit.model.stable_audio import (
@@ -273,6 +274,8 @@ def test_cli_serve_and_demo_with_stable_audio(monkeypatch, tmp_path, capsys):
     argv = ["serve", "--model", "stable-audio", "--device", "cpu", "--max-frames", "32"]
     assert main([*argv, "--max-cond-len", "8", "--depth", "2"]) == 0
     with TestClient(apps[0]) as client:
+        # the server warms its engine first (503 "warming" until then)
+        assert wait_for(lambda: client.get("/health").status_code == 200, timeout=120)
         body = {"frames": 11, "cond_seed": 1, "cond_len": 3, "steps": 2, "cfg_type": "full"}
         resp = client.post("/generate", json={**body, "guidance": 2.0})
         assert resp.status_code == 200, resp.text

@@ -13,6 +13,7 @@ from .model import DenoiserAdapter, DiT1D, DiTConfig, build_denoiser, build_mode
 from .request import Request
 from .schedule import flow_schedule
 from .session import Handle, QueueFullError, Status, StreamSession
+from .warmup import StreamWarmupReport, warmup
 
 __all__ = [
     "Curve",
@@ -25,10 +26,12 @@ __all__ = [
     "Request",
     "Status",
     "StreamSession",
+    "StreamWarmupReport",
     "TorchEngine",
     "__version__",
     "build_denoiser",
     "build_model",
     "derive_depth",
     "flow_schedule",
+    "warmup",
 ]

@@ -37,6 +37,7 @@ class BenchConfig:
     dtype: str = "bfloat16"
     naive_requests: int = 4
     baselines: bool = True
+    engine_warmup: bool = False  # run stream_dit.warmup on the engine before timing
 
 
 def _sync(device: torch.device) -> None:
@@ -247,7 +248,21 @@ def time_host_synced(cfg: BenchConfig, engine) -> dict:
 def run(cfg: BenchConfig) -> dict:
     """All measurements of one configuration, as a flat dict."""
     model, engine = build(cfg)
-    out = {"config": asdict(cfg), "session": time_session(cfg, model, engine)}
+    out: dict = {"config": asdict(cfg)}
+    if cfg.engine_warmup:
+        from .warmup import warmup
+
+        report = warmup(engine, frames=cfg.frames, cond_lens=cfg.cond_len, cfg=cfg.cfg)
+        out["warmup"] = {
+            "summary": str(report),
+            "seconds": report.seconds,
+            "forwards": report.forwards,
+            "guidance_calls": report.guidance_calls,
+            "graphs_captured": report.graphs_captured,
+            "compiled_graphs": report.compiled_graphs,
+            "triton_compiled": report.compiled,
+        }
+    out["session"] = time_session(cfg, model, engine)
     if cfg.baselines:
         out["naive"] = time_naive(cfg, engine)
         if engine.mode != "eager":

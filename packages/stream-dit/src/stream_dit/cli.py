@@ -45,8 +45,11 @@ def _bench(args: argparse.Namespace) -> int:
         device=args.device,
         dtype=args.dtype or ("bfloat16" if on_gpu else "float32"),
         baselines=not args.no_baselines,
+        engine_warmup=args.engine_warmup,
     )
     res = run(cfg)
+    if "warmup" in res:
+        print(res["warmup"]["summary"], file=sys.stderr)
     print(format_result(res))
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=2, default=str))
@@ -67,6 +70,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .engines import TorchEngine
     from .model import build_denoiser
     from .session import StreamSession
+    from .warmup import forward_shapes, warmup
 
     dtype = getattr(
         torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
@@ -80,8 +84,21 @@ def _serve(args: argparse.Namespace) -> int:
         mode=args.engine_mode,
     )
     session = StreamSession(model, engine, depth=args.depth, max_queue=args.max_queue)
+    if args.warmup:
+        try:  # bad warm-up shapes are refused here, not on the server's warm-up thread
+            forward_shapes(session, frames=args.warmup_frames, cond_lens=args.warmup_cond_len)
+        except (ValueError, TypeError) as exc:
+            print(f"stream-dit serve: {exc}", file=sys.stderr)
+            return 2
+
+    def warm(session: StreamSession):
+        report = warmup(session, frames=args.warmup_frames, cond_lens=args.warmup_cond_len)
+        print(report, file=sys.stderr, flush=True)
+        return report
+
     app = create_app(
         session,
+        warmup=warm if args.warmup else False,
         max_steps=args.max_steps,
         max_curve_len=args.max_curve_len,
         max_body_bytes=args.max_body_bytes,
@@ -102,7 +119,11 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
     res = run_demo(
-        Path(args.output_dir), requests=args.requests, depth=args.depth, model=args.model
+        Path(args.output_dir),
+        requests=args.requests,
+        depth=args.depth,
+        model=args.model,
+        warmup=args.warmup,
     )
     print(f"{res.summary}; {res.key_figure} [{res.backend}]")
     return 0
@@ -116,7 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--depth", type=int, default=4)
     b.add_argument("--steps", type=int, default=8)
     b.add_argument("--ticks", type=int, default=200)
-    b.add_argument("--warmup", type=int, default=30)
+    b.add_argument(
+        "--warmup", type=int, default=30, help="untimed ticks before the timed ones (default 30)"
+    )
+    b.add_argument(
+        "--engine-warmup",
+        action="store_true",
+        help="before timing, run stream_dit.warmup for the bench's shapes (every row count, its "
+        "frames and cond length, the fused guidance kernel) and print its one-line report to "
+        "stderr; --out records it under 'warmup'",
+    )
     b.add_argument("--cfg", action="store_true", help="guided requests (full CFG)")
     b.add_argument("--engine", choices=["torch", *MODES[1:]], default="torch")
     b.add_argument("--model", choices=MODELS, default="dit", help=_MODEL_HELP)
@@ -159,6 +189,32 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--engine-mode", choices=MODES, default="eager")
     s.add_argument("--device", default=_device_default())
     s.add_argument("--dtype", default=None)
+    s.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="when the server starts, run the engine at every row count a tick can produce and "
+        "the fused guidance kernel (stream_dit.warmup) before reporting ready; GET /health answers "
+        "503 with state 'warming' meanwhile; the one-line report goes to stderr (default: on)",
+    )
+    s.add_argument(
+        "--warmup-frames",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="T",
+        help="frame counts to warm up (each mapped to the engine's T bucket; default: "
+        "--max-frames)",
+    )
+    s.add_argument(
+        "--warmup-cond-len",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="L",
+        help="conditioning lengths to warm up (each mapped to the engine's L bucket; default: "
+        "--max-cond-len)",
+    )
     s.set_defaults(fn=_serve)
 
     d = sub.add_parser("demo", help="stream a handful of requests through a tiny model")
@@ -166,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--output-dir", default="demo-output")
     d.add_argument("--requests", type=int, default=8)
     d.add_argument("--depth", type=int, default=4)
+    d.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="run stream_dit.warmup for the demo's shapes before the timed ticks and print its "
+        "one-line report to stderr (default: off)",
+    )
     d.set_defaults(fn=_demo)
 
     args = parser.parse_args(argv)

@@ -5,7 +5,8 @@ with the finished ``(frames, channels)`` float32 latent as the bytes of a ``.npy
 answer other than 200 carries the reason:
 
 * 503 + ``Retry-After``: ``slots + max_queue`` requests are already in flight (checked before the
-  body is read), or the server is starting or stopping;
+  body is read), or the server is starting, warming its engine up or stopping (503 without
+  ``Retry-After`` once the warm-up has failed);
 * 413: the body is larger than ``max_body_bytes`` (checked while it streams in);
 * 422: not JSON, unknown fields, non-finite numbers, wrong types;
 * 400: a size field beyond :class:`~stream_dit.server_limits.ServerLimits` or a request the engine
@@ -14,7 +15,12 @@ answer other than 200 carries the reason:
 * 500: the request failed inside the session.
 
 A client that disconnects cancels its request: its slot is freed at the next tick. ``GET /health``
-reports readiness (503 while not ready), occupancy, queue depth, counters and the limits.
+reports readiness (503 while not ready) and its ``state`` (``"starting"``, ``"warming"``,
+``"ready"``, ``"failed"``, ``"stopping"``), occupancy, queue depth, counters and the limits.
+
+When the app starts, the engine is warmed up (:func:`stream_dit.warmup.warmup`, or the callable
+given as ``warmup``) on a thread of its own, so ``/health`` answers meanwhile; the server reports
+ready and admits requests only once the warm-up has finished.
 """
 
 from __future__ import annotations
@@ -22,8 +28,11 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -41,6 +50,8 @@ from .server_limits import SEED_MAX, ServerLimits
 from .session import StreamSession
 
 __all__ = ["GenerateBody", "ServerLimits", "create_app", "npy_bytes", "to_request"]
+
+_log = logging.getLogger(__name__)
 
 
 class GenerateBody(BaseModel):
@@ -147,8 +158,47 @@ async def _until_disconnect(request: HTTPRequest) -> None:
         pass
 
 
+class _Warmup:
+    """The engine's warm-up, run once on a thread of its own when the app starts."""
+
+    def __init__(self, fn: Callable[[StreamSession], Any] | None) -> None:
+        self.fn = fn
+        self.state = "pending" if fn is not None else "done"  # -> "warming" -> "done" | "failed"
+        self.report: Any = None
+        self.error: BaseException | None = None
+
+    def start(self, session: StreamSession) -> None:
+        if self.state != "pending":
+            return
+        self.state = "warming"
+        threading.Thread(
+            target=self._run, args=(session,), name="stream-dit-warmup", daemon=True
+        ).start()
+
+    def _run(self, session: StreamSession) -> None:
+        try:
+            report = self.fn(session)
+        except BaseException as exc:  # the server stays unready and says why
+            _log.exception("the engine's warm-up failed")
+            self.error = exc
+            self.state = "failed"
+        else:
+            self.report = report
+            self.state = "done"
+
+
+def _default_warmup(session: StreamSession) -> Any:
+    from .warmup import warmup
+
+    return warmup(session)
+
+
 def create_app(
-    session: StreamSession, limits: ServerLimits | None = None, **limit_overrides: Any
+    session: StreamSession,
+    limits: ServerLimits | None = None,
+    *,
+    warmup: bool | Callable[[StreamSession], Any] = True,
+    **limit_overrides: Any,
 ) -> FastAPI:
     """A FastAPI app serving ``session``; the driver starts and stops with the app's lifespan.
 
@@ -156,6 +206,12 @@ def create_app(
         session: the session to serve; its engine's limits bound every request.
         limits: the server's bounds (default: :meth:`ServerLimits.for_session` with
             ``limit_overrides``, e.g. ``max_body_bytes=1 << 20``, ``request_timeout_s=30``).
+        warmup: warm the engine up when the app starts, before it reports ready: ``True`` runs
+            :func:`stream_dit.warmup.warmup` on the session with its defaults, a callable is
+            called with the session instead (its return value, e.g. the report, is shown by
+            ``/health`` as ``"warmup"``), ``False`` reports ready as soon as the driver runs.
+            It runs on a thread of its own; while it runs, ``/health`` answers 503 with
+            ``"state": "warming"`` and ``POST /generate`` answers 503 with ``Retry-After``.
     """
     if session.max_queue < 1:
         raise ValueError(
@@ -168,15 +224,43 @@ def create_app(
     driver = AsyncStreamSession(session, max_pending=max(1, limits.capacity))
     counts: Counter[str] = Counter()
     in_flight = 0
+    if warmup is True:
+        warm = _Warmup(_default_warmup)
+    elif warmup is False or warmup is None:
+        warm = _Warmup(None)
+    elif callable(warmup):
+        warm = _Warmup(warmup)
+    else:
+        raise TypeError(f"warmup must be a bool or a callable, got {type(warmup).__name__}")
+    phase = "starting"  # -> "serving" -> "stopping"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        nonlocal phase
         async with driver:
-            yield
+            # the driver idles until a request is admitted, and none is before the warm-up ends
+            warm.start(session)
+            phase = "serving"
+            try:
+                yield
+            finally:
+                phase = "stopping"
+
+    def state() -> str:
+        if phase == "starting":
+            return "starting"
+        if phase == "stopping" or not driver.running:
+            return "stopping"
+        if warm.state == "failed":
+            return "failed"
+        if warm.state != "done":
+            return "warming"
+        return "ready"
 
     app = FastAPI(title="stream-dit", lifespan=lifespan)
     app.state.limits = limits
     app.state.counts = counts
+    app.state.warmup = warm
 
     async def serve_one(http: HTTPRequest, deadline: float) -> Response:
         try:
@@ -218,8 +302,11 @@ def create_app(
         nonlocal in_flight
         deadline = time.monotonic() + limits.request_timeout_s
         try:
-            if not driver.running:
-                raise _Reject(503, "the server is not ready", {"Retry-After": "1"})
+            now = state()
+            if now == "failed":
+                raise _Reject(503, f"the engine's warm-up failed: {warm.error!r}")
+            if now != "ready":
+                raise _Reject(503, f"the server is not ready ({now})", {"Retry-After": "1"})
             if in_flight >= limits.capacity:
                 raise _Reject(
                     503,
@@ -240,9 +327,12 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ready = driver.running
+        now = state()
+        ready = now == "ready"
         body = {
             "ready": ready,
+            "state": now,
+            "warmup": None if warm.report is None else str(warm.report),
             "active": session.active,
             "queued": session.queued + driver.pending,
             "in_flight": in_flight,
@@ -252,6 +342,8 @@ def create_app(
             "counts": dict(counts),
             "limits": limits.as_dict(),
         }
+        if warm.error is not None:
+            body["error"] = f"the engine's warm-up failed: {warm.error!r}"
         return JSONResponse(body, status_code=200 if ready else 503)
 
     return app

@@ -88,6 +88,11 @@ class TorchEngine:
             return max(length, 1)
         return min(round_up(length, self._cond_multiple), max(self.max_cond_len, length, 1))
 
+    @property
+    def captured_graphs(self) -> int:
+        """CUDA graphs captured so far (one per (batch bucket, T, L) key; 0 outside graph modes)."""
+        return len(self._graphs)
+
     def batch_bucket(self, batch: int) -> int:
         return min(next_power_of_2(batch), self.max_batch) if self._bucketed else batch
 
