@@ -8,7 +8,7 @@ import torch
 
 from late_interaction_kernels.ops.retrieve import MaxSimIndex
 from late_interaction_kernels.ops.retrieve.reference import retrieve_reference
-from triton_dispatch.testing import assert_close
+from triton_dispatch.testing import assert_close, randn
 
 
 def retrieve(Q, D, k, q_mask=None, d_mask=None, *, chunk_size=None, normalize=False):
@@ -100,3 +100,31 @@ def test_bad_inputs_are_named(kwargs, message, rng):
     chunk = args.pop("chunk_size", None)
     with pytest.raises(ValueError, match=message):
         retrieve(args["Q"], args["D"], args["k"], args["q_mask"], args["d_mask"], chunk_size=chunk)
+
+
+@pytest.mark.parametrize("kind", ["padded", "list"])
+def test_index_saves_and_loads_to_the_same_results(kind, rng, tmp_path):
+    docs = [randn((n, 16), generator=rng) for n in (5, 9, 1, 7)]
+    if kind == "padded":
+        padded = torch.nn.utils.rnn.pad_sequence(docs, batch_first=True)
+        mask = torch.arange(padded.shape[1]) < torch.tensor([5, 9, 1, 7])[:, None]
+        index = MaxSimIndex(padded, mask, chunk_size=3, normalize=True)
+    else:
+        index = MaxSimIndex(docs, chunk_size=3, normalize=True)
+    index.save(tmp_path / "index.pt")
+    loaded = MaxSimIndex.load(tmp_path / "index.pt")
+    assert (len(loaded), loaded.dim, loaded.chunk_size, loaded.normalize) == (4, 16, 3, True)
+    Q = randn((2, 4, 16), generator=rng)
+    torch.testing.assert_close(loaded.scores(Q), index.scores(Q), rtol=0, atol=0)
+    s0, i0 = index.topk(Q, 2)
+    s1, i1 = loaded.topk(Q, 2)
+    assert torch.equal(i0, i1) and torch.equal(s0, s1)
+
+
+def test_loading_a_file_that_is_not_an_index_names_it(tmp_path):
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="other.pt"):
+        MaxSimIndex.load(tmp_path / "other.pt")
+    torch.save({"format": 1, "chunk_size": 2, "normalize": False, "dim": 4}, tmp_path / "cut.pt")
+    with pytest.raises(ValueError, match="missing the field"):
+        MaxSimIndex.load(tmp_path / "cut.pt")

@@ -8,6 +8,7 @@ kept).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -18,6 +19,8 @@ __all__ = ["MaxSimIndex"]
 
 #: Documents scored per chunk when none is given.
 DEFAULT_CHUNK_SIZE = 4096
+#: The on-disk layout :meth:`MaxSimIndex.save` writes (kept by :meth:`MaxSimIndex.load`).
+INDEX_FORMAT = 1
 
 
 def _check_queries(Q, q_mask) -> None:
@@ -102,6 +105,47 @@ class MaxSimIndex:
 
     def __len__(self) -> int:
         return self._padded.shape[0] if self._padded is not None else len(self._list)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the index to one file (``torch.save`` of tensors and plain values; a list of
+        uneven documents is stored packed, with its lengths)."""
+        state: dict = {
+            "format": INDEX_FORMAT,
+            "chunk_size": self.chunk_size,
+            "normalize": self.normalize,
+            "dim": int(self.dim),
+            "d_mask": self.d_mask,
+        }
+        if self._padded is not None:
+            state["documents"] = self._padded
+        else:
+            state["lengths"] = torch.tensor([doc.shape[0] for doc in self._list], dtype=torch.int64)
+            state["packed"] = torch.cat(self._list) if self._list else torch.empty(0, self.dim)
+        torch.save(state, path)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, *, device: torch.device | str | None = None
+    ) -> MaxSimIndex:
+        """An index written by :meth:`save`, on ``device`` (default: where it was saved). Only
+        tensors and plain values are unpickled (``weights_only``); a file that is not an index
+        raises ``ValueError`` naming it."""
+        state = torch.load(path, map_location=device, weights_only=True)
+        if not isinstance(state, dict) or state.get("format") != INDEX_FORMAT:
+            raise ValueError(f"{os.fspath(path)!r} is not a MaxSimIndex file (format {INDEX_FORMAT})")
+        try:
+            options = {"chunk_size": state["chunk_size"], "normalize": state["normalize"]}
+            if "documents" in state:
+                return cls(state["documents"], state["d_mask"], **options)
+            lengths = [int(n) for n in state["lengths"]]
+            packed = state["packed"]
+        except KeyError as exc:
+            raise ValueError(f"{os.fspath(path)!r} is missing the field {exc}") from None
+        if sum(lengths) != packed.shape[0]:
+            raise ValueError(f"{os.fspath(path)!r}: the lengths do not add up to the packed rows")
+        index = cls(list(packed.split(lengths)) if lengths else [], **options)
+        index.dim = state["dim"]
+        return index
 
     def _chunks(self):
         """Yield ``(start, D_chunk, d_mask_chunk)``."""
