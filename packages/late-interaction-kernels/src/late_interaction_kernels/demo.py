@@ -325,6 +325,25 @@ def run_demo(output_dir: Path) -> DemoResult:
     )
 
 
-if __name__ == "__main__":
-    result = run_demo(Path("demo-output"))
+def main(argv: Sequence[str] | None = None) -> int:
+    """``late-interaction-kernels demo [--output-dir DIR]``: the demo of an installed package."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="late-interaction-kernels", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("command", choices=["demo"], help="what to run")
+    parser.add_argument(
+        "--output-dir",
+        type=Path,
+        default=Path("demo-output"),
+        help="where the JSON goes (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    result = run_demo(args.output_dir)
     print(result.summary, "|", result.key_figure, "|", result.backend)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
