@@ -1,10 +1,13 @@
 import json
+import os
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from tomo_kplanes.cli import main
+from tomo_kplanes import cli
+from tomo_kplanes.cli import main, parse_args
 
 _FAST = ["--steps", "6", "--sirt-iterations", "2", "--rays-per-batch", "64", "--channels", "2",
          "--no-progress", "--device", "cpu", "--backend", "torch", "--tv-points", "64"]
@@ -16,7 +19,8 @@ def test_reconstruct_phantom_writes_volume_slices_and_metrics(tmp_path, capsys):
     metrics = json.loads((out / "metrics.json").read_text())
     for key in ("psnr_ours", "psnr_sirt", "ssim_ours", "ssim_sirt", "seconds_ours"):
         assert np.isfinite(metrics[key])
-    assert (out / "slices.png").exists()
+    assert metrics["threads"] == 1 or "OMP_NUM_THREADS" in os.environ
+    assert Image.open(out / "slices.png").width >= 900
     assert "wrote" in capsys.readouterr().out
     # a second run into the same folder refuses (before training) unless told to overwrite
     before = (out / "metrics.json").read_text()
@@ -29,7 +33,7 @@ def test_reconstruct_phantom_writes_volume_slices_and_metrics(tmp_path, capsys):
     assert (out / "metrics.json").read_text() != before
 
 
-def test_reconstruct_from_files(tmp_path):
+def test_reconstruct_from_files(tmp_path, capsys):
     tifffile = pytest.importorskip("tifffile")
     from tomo_kplanes.geometry import TiltGeometry, tilt_range
     from tomo_kplanes.phantoms import nanoparticle_phantom, simulate_tilt_series
@@ -43,10 +47,157 @@ def test_reconstruct_from_files(tmp_path):
     assert main([*args, "--output", str(out), *_FAST]) == 0
     metrics = json.loads((out / "metrics.json").read_text())
     assert "psnr_ours" not in metrics and (out / "slices.png").exists()
-    # the angle count must match the stack
-    with pytest.raises(ValueError, match="tilt angles"):
-        main(["reconstruct", "--tilt-series", str(tmp_path / "ts.tif"), "--angles", "0,10",
-              "--output", str(tmp_path / "other"), *_FAST])
+    # the angles as a list that starts with a minus, with and without "="
+    listed = ",".join(f"{a:g}" for a in angles.tolist())
+    assert listed.startswith("-60,")
+    for angle_args in (["--angles", listed], [f"--angles={listed}"]):
+        args = ["reconstruct", "--tilt-series", str(tmp_path / "ts.tif"), *angle_args]
+        assert main([*args, "--output", str(out), "--overwrite", *_FAST]) == 0
+    # the angle count must match the stack: a one-line error naming --angles
+    capsys.readouterr()
+    assert main(["reconstruct", "--tilt-series", str(tmp_path / "ts.tif"), "--angles", "0,10",
+                 "--output", str(tmp_path / "other"), *_FAST]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--angles" in err and "2 tilt angles" in err and "5 images" in err
+
+
+_PHANTOM = ["reconstruct", "--size", "8", "--angle-step", "30"]
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--angles", "nope.tlt"], "--angles"),
+        (["--tilt-series", "nope.st", "--angles", "nope.tlt"], "--angles"),
+        (["--angles", "1,x,3"], "--angles"),
+        (["--size", "0"], "--size"),
+        (["--size", "ten"], "--size"),
+        (["--steps", "-5"], "--steps"),
+        (["--max-angle", "100"], "--max-angle"),
+        (["--angle-step", "0"], "--angle-step"),
+        (["--dose", "nan"], "--dose"),
+        (["--rays-per-batch", "0"], "--rays-per-batch"),
+        (["--volume-tv", "-1"], "--volume-tv"),
+        (["--threads", "0"], "--threads"),
+        (["--checkpoint-every", "-1"], "--checkpoint-every"),
+        (["--tilt-series", "nope.st", "--angles", "-60,0,60"], "--tilt-series"),
+        (["--tilt-series", "nope.st"], "--angles"),
+        (["--angles", "-60,0,60"], "--tilt-series"),
+        (["--backend", "fast"], "--backend"),
+        (["--resume", "nope.pt"], "--resume"),
+    ],
+)
+def test_user_errors_are_one_line_naming_the_flag(tmp_path, capsys, argv, flag):
+    try:  # argparse's errors exit, the later checks return the status
+        code = main([*_PHANTOM, "--output", str(tmp_path / "out"), *_FAST, *argv])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, err
+    assert flag in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_size_zero_names_size_not_the_geometry(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["reconstruct", "--size", "0"])
+    err = capsys.readouterr().err
+    assert "--size" in err and "detector_shape" not in err
+
+
+def test_angles_take_a_comma_list_that_starts_with_a_minus():
+    assert parse_args(["reconstruct", "--angles", "-60,0,60"]).angles == [-60.0, 0.0, 60.0]
+    assert parse_args(["reconstruct", "--angles=-60,0,60"]).angles == [-60.0, 0.0, 60.0]
+    assert parse_args(["reconstruct", "--angles", "-.5,0.5", "--size", "4"]).size == 4
+    assert parse_args(["reconstruct", "--max-angle", "45"]).angles is None
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["reconstruct", "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 32)", "(default: 1200)", "(default: 512)", "(default: 0)",
+                    "(default: tomo-kplanes-output)", "(default: cuda when available, else cpu)"):
+        assert default in text, default
+    assert "--threads N" in text and "Default: 1, unless OMP_NUM_THREADS is set" in text
+
+
+def test_cpu_runs_use_one_thread_unless_told_otherwise(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with cli.cpu_threads(torch.device("cpu"), None) as threads:
+        assert threads == 1 == torch.get_num_threads()
+    assert torch.get_num_threads() == before
+    with cli.cpu_threads(torch.device("cpu"), 2) as threads:
+        assert threads == 2 == torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    with cli.cpu_threads(torch.device("cpu"), None) as threads:
+        assert threads == before == torch.get_num_threads()
+    with cli.cpu_threads(torch.device("meta"), 3) as threads:  # not a CPU run: left alone
+        assert threads is None and torch.get_num_threads() == before
+
+
+def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, capsys):
+    import tomo_kplanes.train as train
+
+    base = ["reconstruct", "--size", "10", "--angle-step", "20", *_FAST, "--steps", "8"]
+    assert main([*base, "--output", str(tmp_path / "whole")]) == 0
+
+    real_save = train.save_checkpoint
+
+    def save_then_stop(state, path):  # the run is killed right after its step-4 checkpoint
+        real_save(state, path)
+        if state["step"] == 4:
+            raise KeyboardInterrupt
+
+    part = tmp_path / "part"
+    ckpt = part / "checkpoint.pt"
+    monkeypatch.setattr(train, "save_checkpoint", save_then_stop)
+    capsys.readouterr()
+    assert main([*base, "--output", str(part), "--checkpoint-every", "2"]) == 130
+    assert f"--resume {ckpt}" in capsys.readouterr().err
+    monkeypatch.setattr(train, "save_checkpoint", real_save)
+    assert ckpt.exists() and not (part / "metrics.json").exists()
+    # a fresh run into that folder would replace the checkpoint: it refuses and names --resume
+    assert main([*base, "--output", str(part), "--checkpoint-every", "2"]) == 2
+    assert f"--resume {ckpt}" in capsys.readouterr().err
+    # the checkpoint of other settings is refused, naming what differs
+    assert main([*base, "--steps", "9", "--output", str(part), "--resume", str(ckpt)]) == 2
+    assert "steps 8 in the checkpoint, 9 now" in capsys.readouterr().err
+
+    args = [*base, "--output", str(part), "--checkpoint-every", "2", "--resume", str(ckpt)]
+    assert main(args) == 0
+    whole = json.loads((tmp_path / "whole" / "metrics.json").read_text())
+    resumed = json.loads((part / "metrics.json").read_text())
+    assert resumed["resumed_from_step"] == 4 and resumed["steps_run"] == whole["steps_run"] == 8
+    assert resumed["final_loss"] == whole["final_loss"]
+    assert resumed["psnr_ours"] == whole["psnr_ours"]
+    mrcfile = pytest.importorskip("mrcfile")
+    with mrcfile.open(part / "volume.mrc") as a, mrcfile.open(tmp_path / "whole" / "volume.mrc") as b:
+        np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_demo_replaces_its_own_previous_output(tmp_path, monkeypatch):
+    """``uv run demo`` twice: the second run replaces the first one's files (the demo runner
+    owns demo-output/<package>). The demo's run is shrunk to a few steps here."""
+    from tomo_kplanes.demo import run_demo
+
+    real = cli.run_reconstruct
+
+    def small(args):
+        args.size, args.steps, args.angle_step, args.sirt_iterations = 12, 4, 30.0, 2
+        args.rays_per_batch, args.channels, args.tv_points, args.backend = 64, 2, 64, "torch"
+        return real(args)
+
+    monkeypatch.setattr(cli, "run_reconstruct", small)
+    first = run_demo(tmp_path)
+    before = (tmp_path / "metrics.json").stat().st_mtime_ns
+    second = run_demo(tmp_path)
+    assert (tmp_path / "metrics.json").stat().st_mtime_ns >= before
+    assert {p.name for p in second.outputs} == {p.name for p in first.outputs}
+    assert "PSNR" in second.key_figure
 
 
 @pytest.mark.gpu

@@ -57,13 +57,47 @@ def test_empty_files_are_rejected(tmp_path):
         read_tilt_series(tmp_path / "x.txt")
 
 
-def test_slice_png_has_one_column_per_volume(tmp_path):
+def test_an_angle_file_with_a_word_names_the_line(tmp_path):
+    (tmp_path / "a.tlt").write_text("-30\n0\nthirty\n")
+    with pytest.raises(ValueError, match=r"a.tlt line 3: 'thirty' is not an angle"):
+        read_angles(tmp_path / "a.tlt")
+
+
+def test_slice_figure_is_titled_labelled_and_has_a_colour_bar(tmp_path):
     from PIL import Image
 
-    vols = {"a": torch.rand(8, 9, 10), "b": torch.rand(8, 9, 10)}
-    img = np.asarray(Image.open(write_slices_png(tmp_path / "s.png", vols)))
-    width = 2 * (10 + 2)
-    assert img.shape[1] % width == 0 and img.shape[1] >= width
+    from tomo_kplanes.io import slices_figure
+
+    vols = {"ground truth": torch.rand(8, 9, 10), "SIRT": torch.rand(8, 9, 10) * 2,
+            "K-Planes (ours)": torch.rand(8, 9, 10)}
+    notes = {"SIRT": "PSNR 19.8 dB", "K-Planes (ours)": "PSNR 24.5 dB"}
+    fig = slices_figure(vols, title="Central slices: test", notes=notes, value_range=(0.0, 1.0))
+    assert fig.title == "Central slices: test"
+    assert fig.column_titles == ["ground truth", "SIRT\nPSNR 19.8 dB", "K-Planes (ours)\nPSNR 24.5 dB"]
+    assert fig.row_labels == ["XY slice\nz = 4 of 8", "XZ slice\ny = 4 of 9", "YZ slice\nx = 5 of 10"]
+    assert fig.colorbar_range == (0.0, 1.0) and fig.colorbar_labels == ["1", "0.5", "0"]
+    assert fig.image.width >= 900
+    pixels = np.asarray(fig.image)
+    assert (pixels[:30] < 128).any()  # the title is drawn at the top
+    # the colour bar: a vertical ramp from white (top) to black (bottom) right of the panels
+    ramp = pixels[pixels.shape[0] // 4 : 3 * pixels.shape[0] // 4, -100]
+    assert (np.diff(ramp.astype(int)) <= 0).all() and ramp[0] > ramp[-1]
+
+    # the PNG is the figure; the default grey scale spans every volume's values
+    path = write_slices_png(tmp_path / "s.png", vols, title="Central slices: test", notes=notes)
+    with Image.open(path) as img:
+        assert img.size == fig.image.size and img.width >= 900
+    lo, hi = slices_figure(vols).colorbar_range
+    assert 0 <= lo < 0.05 and 1.5 < hi <= 2
+
+
+def test_slice_figure_rejects_what_is_not_a_volume():
+    from tomo_kplanes.io import slices_figure
+
+    with pytest.raises(ValueError, match="at least one volume"):
+        slices_figure({})
+    with pytest.raises(ValueError, match="'flat'"):
+        slices_figure({"flat": torch.rand(4, 4)})
 
 
 def _corrupt_mrc(path, offset, raw):
@@ -98,14 +132,16 @@ def test_corrupt_mrc_header_is_a_clear_error_unless_permissive(tmp_path, offset,
                 read_tilt_series(path, permissive=True)
 
 
-def test_cli_reads_a_corrupt_mrc_only_with_permissive_mrc(tmp_path):
+def test_cli_reads_a_corrupt_mrc_only_with_permissive_mrc(tmp_path, capsys):
     from tomo_kplanes.cli import main
 
     path = _corrupt_mrc(tmp_path / "bad.mrc", 208, b"XXXX")
     args = ["reconstruct", "--tilt-series", str(path), "--angles", "0,30", "--steps", "2",
             "--sirt-iterations", "1", "--rays-per-batch", "16", "--channels", "2", "--no-progress",
             "--device", "cpu", "--backend", "torch", "--tv-points", "16", "--rotations", "0"]
-    with pytest.raises(ValueError, match="corrupt MRC header"):
-        main([*args, "--output", str(tmp_path / "a")])
+    assert main([*args, "--output", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--tilt-series" in err and "corrupt MRC header" in err
+    assert "--permissive-mrc" in err
     with pytest.warns(RuntimeWarning):
         assert main([*args, "--output", str(tmp_path / "b"), "--permissive-mrc"]) == 0

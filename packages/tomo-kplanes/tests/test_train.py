@@ -29,18 +29,28 @@ def test_training_lowers_the_loss_and_is_seeded():
     assert vol.shape == truth.shape and (vol >= 0).all()
 
 
-def test_checkpoint_resume_reproduces_an_uninterrupted_run(tmp_path):
+# 686 training rays in batches of 64: an epoch is 10 steps, so step 10 starts the second one
+@pytest.mark.parametrize("every, stop", [(7, 14), (5, 10)], ids=["mid-epoch", "epoch-start"])
+def test_checkpoint_resume_reproduces_an_uninterrupted_run(tmp_path, every, stop):
     _, geo, series = _data()
     ckpt = str(tmp_path / "ck.pt")
     full = reconstruct(series, geo, _config(steps=24))
-    cfg = _config(steps=24, checkpoint_every=7, checkpoint_path=ckpt)
-    part = reconstruct(series, geo, cfg, stop_at=14)
-    assert part.steps_run == 14
+    cfg = _config(steps=24, checkpoint_every=every, checkpoint_path=ckpt)
+    part = reconstruct(series, geo, cfg, stop_at=stop)
+    assert part.steps_run == stop
     resumed = reconstruct(series, geo, cfg, resume=True)
     assert resumed.steps_run == 24
     assert resumed.losses == full.losses
     for (name, a), b in zip(full.object_model.state_dict().items(), resumed.object_model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=name)
+
+
+def test_resuming_a_finished_run_runs_no_step(tmp_path):
+    _, geo, series = _data()
+    cfg = _config(steps=6, checkpoint_every=3, checkpoint_path=str(tmp_path / "ck.pt"))
+    full = reconstruct(series, geo, cfg)
+    again = reconstruct(series, geo, cfg, resume=True)
+    assert again.steps_run == full.steps_run == 6 and again.losses == full.losses
 
 
 def test_early_stop_on_held_out_pixels():

@@ -3,11 +3,15 @@
 Packages are found, not listed: every installed distribution that depends on ``triton-dispatch`` is
 a kernel package, and its demo is whatever it registers under the ``triton_dispatch.demos``
 entry-point group.
+
+Each demo writes into ``OUTPUT_DIR/<package>`` (``demo-output/<package>`` by default), a folder the
+runner owns: running ``demo`` again replaces what the previous run wrote there.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import sys
 import time
@@ -42,17 +46,42 @@ def registered_demos() -> dict[str, metadata.EntryPoint]:
     return {_normalise(ep.name): ep for ep in eps}
 
 
+def unknown_package_message(names: list[str], known: list[str]) -> str | None:
+    """One line naming the first of ``names`` that is not a known package (with the known names
+    and the closest match, if any), or ``None`` when every name is known."""
+    for name in names:
+        if _normalise(name) in known:
+            continue
+        close = difflib.get_close_matches(_normalise(name), known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return (
+            f"demo: error: unknown package {name!r}{hint}; "
+            f"known packages: {', '.join(known) or 'none'}"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="demo", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--output-dir", type=Path, default=Path("demo-output"), help="where demos write files"
+        "--output-dir",
+        type=Path,
+        default=Path("demo-output"),
+        help="where demos write files, one folder per package; a new run replaces the files of "
+        "the previous one (default: %(default)s)",
     )
-    parser.add_argument("--only", nargs="*", default=None, help="run only these packages")
+    parser.add_argument(
+        "--only", nargs="*", default=None, metavar="PACKAGE", help="run only these packages"
+    )
     args = parser.parse_args(argv)
 
     demos = registered_demos()
     packages = sorted(set(kernel_packages()) | set(demos))
     if args.only:
+        message = unknown_package_message(args.only, packages)
+        if message is not None:
+            print(message, file=sys.stderr)
+            return 2
         wanted = {_normalise(n) for n in args.only}
         packages = [p for p in packages if p in wanted]
     failures = 0

@@ -1,4 +1,4 @@
-"""The ``uv run demo`` entry: a small Shepp–Logan reconstruction against SIRT on CPU (~20 s)."""
+"""The ``uv run demo`` entry: a small Shepp–Logan reconstruction against SIRT on CPU (~10 s)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,15 @@ from triton_dispatch import DemoResult, select_backend
 def run_demo(output_dir: Path) -> DemoResult:
     import torch
 
-    from .cli import _parser, run_reconstruct
+    from .cli import parse_args, run_reconstruct
 
-    args = _parser().parse_args(
+    # ``uv run demo`` owns ``output_dir`` (demo-output/tomo-kplanes): a new run replaces the files
+    # of the previous one instead of refusing them as a user's earlier results
+    args = parse_args(
         ["reconstruct", "--size", "24", "--steps", "600", "--angle-step", "5",
          "--sirt-iterations", "20", "--rays-per-batch", "256", "--no-progress",
-         "--device", "cpu", "--output", str(output_dir)]
-    )
+         "--device", "cpu", "--output", str(output_dir), "--overwrite"]
+    )  # fmt: skip
     metrics = run_reconstruct(args)
     return DemoResult(
         summary="24³ Shepp–Logan, ±60° tilt series, rotated K-Planes vs SIRT",

@@ -226,10 +226,12 @@ def reconstruct(
     stopped = False
     end = config.steps if stop_at is None else min(stop_at, config.steps)
     bar = tqdm(range(step0, end), disable=not config.progress or rank != 0, desc="reconstruct")
-    step = step0
+    step = step0 - 1  # the last step run: none yet
     for step in bar:
         slot = step % per_epoch
-        if slot == 0 and step > step0:
+        # a new epoch's order; a run resumed at an epoch's start draws it too, as the uninterrupted
+        # run did (the checkpoint holds the previous epoch's order)
+        if slot == 0 and step > 0:
             order = torch.randperm(train_rays.numel(), generator=gen, device=device)
         batch_rays.copy_(train_rays[order[slot * batch : (slot + 1) * batch]])
         loss = run_step()
