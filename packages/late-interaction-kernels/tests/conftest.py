@@ -48,3 +48,12 @@ def fresh_plans():
     clear_plan_caches()
     yield
     clear_plan_caches()
+
+
+@pytest.fixture(autouse=True)
+def quiet_query_norm_check(monkeypatch):
+    """Tests score random, unnormalised queries with ``normalize=False``: keep ``maxsim``'s
+    one-time query-norm warning out of them (``test_norm_warning.py`` turns it back on)."""
+    from late_interaction_kernels.ops.maxsim.norm_check import NORM_CHECK
+
+    monkeypatch.setattr(NORM_CHECK, "pending", False)

@@ -3,10 +3,13 @@ values and gradients."""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import pytest
 import torch
 
-from late_interaction_kernels.padded import maxsim_padded, pack_padded
+from late_interaction_kernels.padded import PackedBatch, maxsim_padded, pack_padded
 from late_interaction_kernels.reference import (
     maxsim_padded_reference,
     maxsim_reference_scatter,
@@ -118,3 +121,52 @@ def test_pack_padded_feeds_score_pairs(rng):
         pack_padded(queries, documents, qlen, dlen * 0, validate=True)
     with pytest.raises(ValueError, match="query_lengths must lie in"):
         pack_padded(queries, documents, qlen + 10, dlen)
+
+
+PACKED_BATCH = [
+    ("Q_packed", torch.Tensor), ("cu_seqlens_q", torch.Tensor), ("D_packed", torch.Tensor),
+    ("cu_seqlens_d", torch.Tensor), ("pair_q_idx", torch.Tensor), ("pair_d_idx", torch.Tensor),
+    ("max_seqlen_q", int), ("max_seqlen_d", int),
+]  # fmt: skip
+
+
+def test_packed_batch_constructor_is_the_published_one(rng):
+    """0.4.5's ``PackedBatch(Q_packed, cu_seqlens_q, D_packed, cu_seqlens_d, pair_q_idx,
+    pair_d_idx, max_seqlen_q, max_seqlen_d)``: a frozen dataclass whose fields are typed with the
+    classes, every parameter required, positional or by name, values kept as given."""
+    assert [(f.name, f.type) for f in dataclasses.fields(PackedBatch)] == PACKED_BATCH
+    params = inspect.signature(PackedBatch).parameters
+    assert [(name, p.annotation) for name, p in params.items()] == PACKED_BATCH
+    assert all(
+        p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is inspect.Parameter.empty
+        for p in params.values()
+    )
+    queries, documents, qlen, dlen = _padded(rng)
+    batch = pack_padded(queries, documents, qlen, dlen)
+    values = list(batch)
+    assert len(values) == 8 and all(v.device == queries.device for v in values[:6])
+    by_position = PackedBatch(*values)
+    by_name = PackedBatch(**{name: getattr(batch, name) for name, _ in PACKED_BATCH})
+    for built in (by_position, by_name):
+        assert all(a is b for a, b in zip(built, values))
+    with pytest.raises(TypeError):
+        PackedBatch(*values[:-1])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        batch.max_seqlen_q = 0
+    assert dataclasses.replace(batch, max_seqlen_d=99).max_seqlen_d == 99
+    # a batch built by hand feeds the scorer like pack_padded's own
+    Q, cu_q, D, cu_d, pq, pd, max_q, max_d = by_name
+    got = score_pairs_packed(Q, D, cu_q, cu_d, pq, pd, max_seqlen_q=max_q, max_seqlen_d=max_d)
+    want = maxsim_padded_reference(queries.double(), documents.double(), qlen, dlen)
+    torch.testing.assert_close(got.double(), want.reshape(-1), atol=1e-5, rtol=1e-5)
+
+
+def test_pack_padded_of_an_empty_batch(rng):
+    batch = pack_padded(
+        torch.zeros(0, 4, 8), torch.zeros(0, 3, 5, 8), torch.zeros(0, dtype=torch.int64),
+        torch.zeros(0, 3, dtype=torch.int64),
+    )  # fmt: skip
+    assert batch.Q_packed.shape == (0, 8) and batch.D_packed.shape == (0, 8)
+    assert batch.cu_seqlens_q.tolist() == [0] and batch.cu_seqlens_d.tolist() == [0]
+    assert batch.pair_q_idx.numel() == batch.pair_d_idx.numel() == 0
+    assert (batch.max_seqlen_q, batch.max_seqlen_d) == (0, 0)

@@ -108,9 +108,11 @@ def test_body_cap_answers_413_with_and_without_content_length(server):
         for _ in range(100):
             yield b" " * 1024
 
+    start = time.perf_counter()
     with httpx.Client(timeout=30) as client:
         resp = client.post(f"{url}/generate", content=chunks())  # chunked: no content-length
     assert resp.status_code == 413 and "limit" in resp.text
+    assert time.perf_counter() - start < 1.5  # the whole body had arrived: nothing to wait for
     ok = _post(url, {"frames": 4, "cond_seed": 1, "cond_len": 3, "steps": 2})
     assert ok.status_code == 200, ok.text
 
@@ -156,6 +158,109 @@ def test_full_queue_answers_503_with_retry_after(tiny_model):
         assert _post(url, {"frames": 4, "cond_seed": 1, "steps": 2}).status_code == 200
 
 
+def _raw_exchange(url, head: bytes, body: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send a whole request on a raw socket and read the answer until the server closes; any
+    reset (on send or receive) fails the test."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head + body)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    status_line, _, rest = raw.partition(b"\r\n")
+    head_text, _, payload = rest.partition(b"\r\n\r\n")
+    headers = dict(
+        (k.strip().lower(), v.strip())
+        for k, _, v in (line.partition(":") for line in head_text.decode().split("\r\n"))
+    )
+    return int(status_line.split()[1]), headers, payload
+
+
+def _upload_head(size: int) -> bytes:
+    return (
+        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Connection: close\r\nContent-Length: {size}\r\n\r\n".encode()
+    )
+
+
+def test_oversized_upload_gets_its_413_not_a_reset(server):
+    """A client still sending an over-cap body gets the whole 413 (the server discards the rest
+    before it closes), whether or not it asked to close."""
+    url, _ = server
+    body = b" " * (4 << 20)  # 64 times the cap: far more than the socket buffers hold
+    status, headers, payload = _raw_exchange(url, _upload_head(len(body)), body)
+    assert status == 413 and headers["connection"] == "close"
+    assert "limit is 65536" in json.loads(payload)["detail"]
+    ok = _post(url, {"frames": 4, "cond_seed": 1, "cond_len": 3, "steps": 2})
+    assert ok.status_code == 200, ok.text
+
+
+FULL_4XX = [
+    (b"{not json", 422, "not JSON"),
+    (json.dumps({"frames": 4, "cond_seed": 1, "colour": "red"}).encode(), 422, "colour"),
+    (b'{"frames": 4, "cond_seed": 1, "guidance": NaN}', 422, "guidance"),
+    (json.dumps({"frames": 4, "cond_seed": 1, "steps": "lots"}).encode(), 422, "steps"),
+    (json.dumps({"frames": 10**12, "cond_seed": 1}).encode(), 400, "frames="),
+    (json.dumps({"frames": 4, "cond": []}).encode(), 400, "at least one token"),
+    # finite as JSON, infinite as float32: refused before it can reach a slot
+    (json.dumps({"frames": 4, "cond": [[1e39] * 32]}).encode(), 400, "cond must be finite"),
+    (json.dumps({"frames": 4, "cond_seed": 1, "denoise": 0.5}).encode(), 400, "init_latent"),
+]
+
+
+def test_a_full_server_answers_4xx_to_what_can_never_succeed(tiny_model):
+    """With every slot and queue place taken, only a valid request is told to retry (503 +
+    Retry-After); a malformed one gets its 4xx and an oversized one its 413."""
+    session = _session(tiny_model, depth=1, max_queue=1)
+    app = create_app(
+        session, max_steps=100_000, retry_after_s=7, max_queue=0, max_body_bytes=64 * 1024
+    )
+    with serving(app) as url:
+        sock = _open_raw(url, LONG)
+        try:
+            assert wait_for(lambda: _health(url)["in_flight"] == 1)
+            for raw, code, reason in FULL_4XX:
+                resp = _post(url, raw)
+                assert resp.status_code == code, (raw[:60], resp.status_code, resp.text)
+                assert reason in resp.text and "retry-after" not in resp.headers
+            valid = _post(url, {"frames": 4, "cond_seed": 1, "steps": 2})
+            assert valid.status_code == 503 and valid.headers["retry-after"] == "7"
+            assert "capacity is 1" in valid.text
+            big = json.dumps({"frames": 4, "cond_seed": 1, "pad": "x" * 100_000}).encode()
+            resp = _post(url, big)
+            assert resp.status_code == 413 and "limit is 65536" in resp.json()["detail"]
+            status, headers, payload = _raw_exchange(url, _upload_head(1 << 20), b" " * (1 << 20))
+            assert headers["connection"] == "close"
+            assert status == 413 and "limit is 65536" in json.loads(payload)["detail"]
+            counts = _health(url)["counts"]
+            assert counts["503"] == 1 and counts["413"] == 2
+            assert counts["422"] == 4 and counts["400"] == 4
+        finally:
+            sock.close()
+
+
+def test_bodies_in_transit_are_bounded(tiny_model):
+    """Beyond ``max_uploads`` bodies arriving at once, a request is answered 503 before its body
+    is read (what bounds memory under a flood); an announced over-cap body is still 413."""
+    session = _session(tiny_model, depth=1, max_queue=1)
+    app = create_app(session, max_uploads=1, max_body_bytes=64 * 1024, retry_after_s=3)
+    with serving(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        slow = socket.create_connection((host, int(port)))
+        try:
+            slow.sendall(_upload_head(100) + b'{"frames": 4,')  # and then nothing
+            assert wait_for(lambda: _health(url)["uploading"] == 1)
+            resp = _post(url, {"frames": 4, "cond_seed": 1, "steps": 2})
+            assert resp.status_code == 503 and resp.headers["retry-after"] == "3"
+            assert "bodies are being received" in resp.text
+            status, _, _ = _raw_exchange(url, _upload_head(1 << 30), b"")
+            assert status == 413
+        finally:
+            slow.close()
+        assert wait_for(lambda: _health(url)["uploading"] == 0)
+        assert _post(url, {"frames": 4, "cond_seed": 1, "steps": 2}).status_code == 200
+
+
 def test_request_timeout_answers_504_and_frees_the_slot(tiny_model):
     session = _session(tiny_model, depth=1, max_queue=1)
     with serving(create_app(session, max_steps=100_000, request_timeout_s=0.5)) as url:
@@ -179,6 +284,8 @@ def test_limits_cannot_exceed_the_engine(tiny_model):
         ServerLimits.for_session(session, request_timeout_s=0)
     lim = ServerLimits.for_session(session, max_frames=32)
     assert lim.max_frames == 32 and lim.max_cond_len == 16 and lim.capacity == 4
+    assert lim.max_uploads == 4  # slots + max_queue
+    assert ServerLimits.for_session(session, max_uploads=9).max_uploads == 9
     assert lim.max_body_bytes > 2 * 16 * 32 * 20  # room for cond and negative as JSON
 
 
@@ -196,6 +303,7 @@ def test_cli_exposes_the_limits(capsys):
         "--max-steps",
         "--max-curve-len",
         "--max-connections",
+        "--max-uploads",
     ):
         assert flag in out
     assert "default 127.0.0.1" in out

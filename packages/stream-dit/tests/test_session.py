@@ -99,6 +99,11 @@ def test_failure_of_one_request_does_not_stop_others(tiny_model, rng):
         ("cond", torch.zeros(3, 7), "cond"),
         ("negative", torch.zeros(300, 32), "limit"),
         ("dcw", (1.0,), "dcw"),
+        ("cond", torch.zeros(0, 32), "cond must hold at least one token"),
+        ("cond", torch.tensor([[1.0] * 31 + [math.nan]] * 2), "cond must be finite"),
+        ("cond", torch.full((2, 32), -math.inf, dtype=torch.float16), "cond must be finite"),
+        ("negative", torch.tensor([[math.inf] * 32]), "negative must be finite"),
+        ("init_latent", torch.full((8, 64), math.nan), "init_latent must be finite"),
     ],
 )
 def test_bad_requests_are_rejected_at_submit(tiny_model, rng, field, value, match):
@@ -110,6 +115,25 @@ def test_bad_requests_are_rejected_at_submit(tiny_model, rng, field, value, matc
     with pytest.raises((ValueError, TypeError), match=match):
         session.submit(r)
     assert session.queued == 0
+
+
+def test_non_finite_context_is_rejected_naming_it():
+    limits = dict(channels=64, cond_dim=32, max_frames=64, max_cond_len=16, context_channels=4)
+    ok = Request(frames=8, cond=torch.ones(2, 32), context=torch.zeros(8, 4))
+    ok.validate(**limits)
+    bad = Request(frames=8, cond=torch.ones(2, 32), context=torch.zeros(8, 4))
+    bad.context[3, 1] = math.inf
+    with pytest.raises(ValueError, match="context must be finite; 1 of its values"):
+        bad.validate(**limits)
+
+
+def test_finite_and_empty_negative_requests_are_still_accepted(tiny_model, rng):
+    """An empty ``negative`` (no tokens) stays what ``negative=None`` is: unconditional."""
+    session = StreamSession(tiny_model, depth=2)
+    a = session.submit(_req(rng, negative=torch.zeros(0, 32), cfg_type="full", guidance=2.0))
+    b = session.submit(_req(rng, init_latent=torch.zeros(8, 64), denoise=0.5))
+    session.run_until_idle()
+    assert a.status is Status.DONE and b.status is Status.DONE
 
 
 def test_depth_is_derived_from_the_engine_ceiling(tiny_model):

@@ -2,8 +2,8 @@
 :func:`pack_padded`, which converts them to the packed layout of
 :func:`late_interaction_kernels.score_pairs.score_pairs_packed`."""
 
-from __future__ import annotations
-
+# no ``from __future__ import annotations`` here: PackedBatch's fields keep the classes as their
+# types (``dataclasses.fields``, ``inspect.signature``), as in the published 0.4.5
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,7 +18,13 @@ __all__ = ["PackedBatch", "maxsim_padded", "pack_padded"]
 
 @dataclass(frozen=True)
 class PackedBatch:
-    """What :func:`pack_padded` returns; unpacks like a tuple in field order."""
+    """What :func:`pack_padded` returns (all tensors on the inputs' device); unpacks like a tuple
+    in field order: ``Q, cu_q, D, cu_d, pq, pd, max_lq, max_ld = pack_padded(...)``.
+
+    The constructor is 0.4.5's: the eight fields below, in this order, positional or by name, all
+    required, typed ``torch.Tensor`` / ``int`` (no checks: any values are kept as given); the
+    instance is frozen.
+    """
 
     Q_packed: torch.Tensor
     """``(sum(query_lengths), d)`` query tokens."""

@@ -29,7 +29,7 @@ import torch
 
 from triton_dispatch.warmup import WarmupReport, run_warmup
 
-from .ops.maxsim import maxsim
+from .ops.maxsim import maxsim_unchecked
 
 FLAGS = ("mask", "normalize", "lowmem", "unified", "pairs", "topk", "fp8", "infer")
 
@@ -121,10 +121,11 @@ def _call(sizes, flags, device, dtype, backward: bool, inference: bool) -> Calla
     def step():
         if inference or not train:  # scoring without autograd keeps no argmax: its own variant
             with torch.no_grad():
-                maxsim(Q, D, q_mask, d_mask, normalize=normalize)
+                maxsim_unchecked(Q, D, q_mask, d_mask, normalize=normalize)
         if train:
             q, d = Q.detach().requires_grad_(), D.detach().requires_grad_()
-            maxsim(q, d, q_mask, d_mask, normalize=normalize, backward=method).sum().backward()
+            scores = maxsim_unchecked(q, d, q_mask, d_mask, normalize=normalize, backward=method)
+            scores.sum().backward()
 
     return step
 

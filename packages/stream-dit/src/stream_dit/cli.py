@@ -104,6 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         request_timeout_s=args.request_timeout,
         retry_after_s=args.retry_after,
+        max_uploads=args.max_uploads,
     )
     uvicorn.run(
         app,
@@ -182,6 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     s.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request")
     s.add_argument("--retry-after", type=int, default=1, help="Retry-After seconds of a 503")
+    s.add_argument(
+        "--max-uploads",
+        type=int,
+        default=None,
+        help="request bodies received at once before 503 (default: depth + max-queue)",
+    )
     s.add_argument(
         "--max-connections", type=int, default=1024, help="open connections before uvicorn's 503"
     )

@@ -22,7 +22,8 @@ class Request:
 
     Attributes:
         frames: latent length T (25 frames per second of audio with the built-in model).
-        cond: positive conditioning ``(L, D)`` encoder states; ``cond_mask`` ``(L,)`` bool.
+        cond: positive conditioning ``(L, D)`` encoder states, ``L >= 1``; ``cond_mask`` ``(L,)``
+            bool. ``cond``, ``negative``, ``init_latent`` and ``context`` must be finite.
         negative: negative conditioning for CFG (``None``: unconditional, no tokens).
         seed: noise seed (noise is drawn on the host, so a seed gives the same latent everywhere).
         steps, shift, denoise: the flow schedule (see :func:`stream_dit.schedule.flow_schedule`).
@@ -76,7 +77,9 @@ class Request:
         """Normalise curves and check every field against the model and engine limits.
 
         Raises:
-            ValueError / TypeError naming the field and what was expected.
+            ValueError / TypeError naming the field and what was expected (``ValueError`` for an
+            empty ``cond`` and for NaN or inf in ``cond``, ``negative``, ``init_latent`` or
+            ``context``).
         """
         if not isinstance(self.frames, int) or isinstance(self.frames, bool) or self.frames < 1:
             raise ValueError(f"frames must be an int >= 1, got {self.frames!r}")
@@ -154,6 +157,12 @@ def _check_states(
         raise TypeError(f"{name} must be floating point, got {states.dtype}")
     if states.shape[0] > max_len:
         raise ValueError(f"{name} has {states.shape[0]} tokens; the engine's limit is {max_len}")
+    if name == "cond" and states.shape[0] == 0:
+        # an unconditional row is a request without ``negative``; a positive row needs a token
+        raise ValueError(
+            f"cond must hold at least one token (L >= 1), got shape {tuple(states.shape)}"
+        )
+    _check_finite(states, name)
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             raise TypeError(f"{name}_mask must be a bool tensor")
@@ -168,3 +177,20 @@ def _check_latent(x: torch.Tensor, name: str, shape: tuple[int, int]) -> None:
         raise TypeError(f"{name} must be a floating-point tensor of shape {shape}")
     if tuple(x.shape) != shape:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+    _check_finite(x, name)
+
+
+def _check_finite(x: torch.Tensor, name: str) -> None:
+    """Refuse NaN and inf in one of the request's own tensors.
+
+    This reads a value back (for a CUDA tensor, a wait for its stream) each time a request is
+    validated: at submit, and in the caller-side checks of
+    :class:`~stream_dit.aio.AsyncStreamSession` and the HTTP server; always on the request's own
+    tensor, before it is copied into the session's batched state. ``tick()``, the loop that must
+    not wait for the device, never reads a value. The server's tensors are on the host.
+    """
+    if x.numel() == 0:
+        return
+    bad = int(torch.count_nonzero(~torch.isfinite(x.detach())))
+    if bad:
+        raise ValueError(f"{name} must be finite; {bad} of its values are NaN or infinite")

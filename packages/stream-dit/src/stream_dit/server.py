@@ -4,15 +4,28 @@ Needs the ``serve`` extra (FastAPI and uvicorn). ``POST /generate`` takes a JSON
 with the finished ``(frames, channels)`` float32 latent as the bytes of a ``.npy`` file. Every
 answer other than 200 carries the reason:
 
-* 503 + ``Retry-After``: ``slots + max_queue`` requests are already in flight (checked before the
-  body is read), or the server is starting, warming its engine up or stopping (503 without
-  ``Retry-After`` once the warm-up has failed);
-* 413: the body is larger than ``max_body_bytes`` (checked while it streams in);
+* 413: the body is larger than ``max_body_bytes`` (from ``Content-Length`` before anything is
+  read, or counted while a chunked body streams in), answered with ``Connection: close``;
 * 422: not JSON, unknown fields, non-finite numbers, wrong types;
-* 400: a size field beyond :class:`~stream_dit.server_limits.ServerLimits` or a request the engine
-  refuses (checked before any tensor is allocated);
+* 400: a size field beyond :class:`~stream_dit.server_limits.ServerLimits` (checked before any
+  tensor is allocated) or a request the engine refuses (:meth:`Request.validate`);
+* 503 + ``Retry-After``: ``slots + max_queue`` requests are already in flight, or the server is
+  starting, warming its engine up or stopping (503 without ``Retry-After`` once the warm-up has
+  failed); also when ``max_uploads`` bodies are being received already (before this one is read);
 * 504: the request took longer than ``request_timeout_s`` (it is cancelled, its slot freed);
 * 500: the request failed inside the session.
+
+The order matters to clients that retry on 503: a request is read (capped at ``max_body_bytes``)
+and validated first, so one that can never succeed gets its 4xx even while the server is full, and
+only a valid request is answered 503. Memory stays bounded without checking capacity first: at
+most ``max_uploads`` bodies of at most ``max_body_bytes`` are held while they arrive, one is parsed
+at a time (on the event loop), and at most ``slots + max_queue`` parsed requests are in flight.
+
+A 413 closes the connection, and before answering, the server reads and discards what the client
+is still sending (up to four times ``max_body_bytes``, at least 16 MiB, for at most 2 s): closing
+a socket with unread bytes in it resets the connection, and a client that is still uploading would
+then see the reset instead of the answer. A client that announced more than that (or asked for
+``100-continue``) is answered at once.
 
 A client that disconnects cancels its request: its slot is freed at the next tick. ``GET /health``
 reports readiness (503 while not ready) and its ``state`` (``"starting"``, ``"warming"``,
@@ -113,6 +126,23 @@ class _Reject(Exception):
         self.status, self.detail, self.headers = status, detail, headers
 
 
+class _TooLarge(_Reject):
+    """413: the body is over the cap; ``read`` bytes of it arrived (all of it when ``ended``),
+    ``declared`` were announced."""
+
+    def __init__(
+        self, detail: str, *, read: int, declared: int | None, ended: bool = False
+    ) -> None:
+        super().__init__(413, detail, {"Connection": "close"})
+        self.read, self.declared, self.ended = read, declared, ended
+
+
+#: After a 413, what the server reads and discards of a body still arriving (see the module's doc).
+_DRAIN_MIN_BYTES = 16 << 20
+_DRAIN_BODY_CAPS = 4
+_DRAIN_S = 2.0
+
+
 def _validation_reasons(exc: ValidationError) -> list[dict[str, str]]:
     # never echo the input back: it may be huge, and NaN/inf do not encode as JSON
     return [
@@ -121,23 +151,72 @@ def _validation_reasons(exc: ValidationError) -> list[dict[str, str]]:
     ]
 
 
-async def _read_body(request: HTTPRequest, cap: int) -> bytes:
+def _declared_length(request: HTTPRequest, cap: int) -> int | None:
+    """The announced body size (``None`` for a chunked upload); 413 beyond ``cap``, read nothing."""
     declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise _Reject(400, f"content-length must be a byte count, got {declared!r}")
-        if int(declared) > cap:
-            raise _Reject(413, f"the body has {declared} bytes; the server's limit is {cap}")
+    if declared is None:
+        return None
+    if not declared.isdigit():
+        raise _Reject(400, f"content-length must be a byte count, got {declared!r}")
+    size = int(declared)
+    if size > cap:
+        raise _TooLarge(
+            f"the body has {size} bytes; the server's limit is {cap}", read=0, declared=size
+        )
+    return size
+
+
+async def _read_body(request: HTTPRequest, cap: int, declared: int | None) -> bytes:
+    """The whole body, or 413 as soon as more than ``cap`` bytes arrived (at most ``cap`` plus one
+    chunk is ever held)."""
     chunks, size = [], 0
-    async for chunk in request.stream():
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        more = message.get("more_body", False)
         size += len(chunk)
         if size > cap:  # chunked uploads carry no content-length: count as they arrive
-            raise _Reject(413, f"the body exceeds the server's limit of {cap} bytes")
+            raise _TooLarge(
+                f"the body exceeds the server's limit of {cap} bytes",
+                read=size,
+                declared=declared,
+                ended=not more,
+            )
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not more:
+            return b"".join(chunks)
 
 
-def _parse(raw: bytes, limits: ServerLimits) -> Request:
+async def _drain(request: HTTPRequest, too_large: _TooLarge, cap: int, deadline: float) -> None:
+    """Read and discard what is left of an over-cap body, within a budget, so that the 413 and the
+    close that follows it reach a client that is still sending instead of resetting its connection.
+    Returns at once when the rest cannot fit the budget or the client waits for ``100-continue``."""
+    if too_large.ended:
+        return
+    budget = max(_DRAIN_BODY_CAPS * cap, _DRAIN_MIN_BYTES)
+    if too_large.declared is not None and too_large.declared - too_large.read > budget:
+        return  # it cannot end within the budget: answer now
+    if too_large.read == 0 and "100-continue" in request.headers.get("expect", "").lower():
+        return  # the client sends nothing before it is told to continue
+    until = min(deadline, time.monotonic() + _DRAIN_S)
+    while budget > 0:
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            message = await asyncio.wait_for(request.receive(), left)
+        except asyncio.TimeoutError:
+            return
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            return
+        budget -= len(message.get("body", b""))
+
+
+def _parse(raw: bytes, limits: ServerLimits, session: StreamSession) -> Request:
+    """The validated session request of a body: 422 for what is not a well-formed request, 400
+    for one beyond the limits or one the session would refuse at submit."""
     try:
         obj = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -147,9 +226,19 @@ def _parse(raw: bytes, limits: ServerLimits) -> Request:
     except ValidationError as exc:
         raise _Reject(422, _validation_reasons(exc)) from None
     try:
-        return to_request(body, limits)
+        request = to_request(body, limits)
+        # what submit() would refuse (an empty cond, a number that overflows float32, ...) is
+        # refused now, before the server's capacity is looked at
+        request.validate(
+            channels=session.channels,
+            cond_dim=session.cond_dim,
+            max_frames=session.engine.max_frames,
+            max_cond_len=session.engine.max_cond_len,
+            context_channels=session.context_channels,
+        )
     except (ValueError, TypeError) as exc:
         raise _Reject(400, str(exc)) from None
+    return request
 
 
 async def _until_disconnect(request: HTTPRequest) -> None:
@@ -223,7 +312,8 @@ def create_app(
         raise TypeError("give limits or limit overrides, not both")
     driver = AsyncStreamSession(session, max_pending=max(1, limits.capacity))
     counts: Counter[str] = Counter()
-    in_flight = 0
+    in_flight = 0  # parsed, valid requests queued or denoising
+    uploading = 0  # bodies being received
     if warmup is True:
         warm = _Warmup(_default_warmup)
     elif warmup is False or warmup is None:
@@ -262,14 +352,31 @@ def create_app(
     app.state.counts = counts
     app.state.warmup = warm
 
-    async def serve_one(http: HTTPRequest, deadline: float) -> Response:
+    async def read_request(http: HTTPRequest, deadline: float) -> Request:
+        nonlocal uploading
+        declared = _declared_length(http, limits.max_body_bytes)
+        if uploading >= limits.max_uploads:
+            # deciding anything else needs the body; holding more bodies at once would not keep
+            # the memory of a flood bounded
+            raise _Reject(
+                503,
+                f"{uploading} request bodies are being received, the server's limit is "
+                f"{limits.max_uploads}",
+                {"Retry-After": str(limits.retry_after_s)},
+            )
+        uploading += 1
         try:
             raw = await asyncio.wait_for(
-                _read_body(http, limits.max_body_bytes), max(0.0, deadline - time.monotonic())
+                _read_body(http, limits.max_body_bytes, declared),
+                max(0.0, deadline - time.monotonic()),
             )
         except asyncio.TimeoutError:
             raise _Reject(504, "the body did not arrive within the request timeout") from None
-        request = _parse(raw, limits)
+        finally:
+            uploading -= 1
+        return _parse(raw, limits, session)
+
+    async def serve_one(http: HTTPRequest, request: Request, deadline: float) -> Response:
         work = asyncio.ensure_future(driver.generate(request))
         watch = asyncio.ensure_future(_until_disconnect(http))
         try:
@@ -302,6 +409,8 @@ def create_app(
         nonlocal in_flight
         deadline = time.monotonic() + limits.request_timeout_s
         try:
+            # 4xx first: a request that can never succeed must not be told to retry
+            request = await read_request(http, deadline)
             now = state()
             if now == "failed":
                 raise _Reject(503, f"the engine's warm-up failed: {warm.error!r}")
@@ -315,10 +424,12 @@ def create_app(
                 )
             in_flight += 1
             try:
-                return await serve_one(http, deadline)
+                return await serve_one(http, request, deadline)
             finally:
                 in_flight -= 1
         except _Reject as rej:
+            if isinstance(rej, _TooLarge):
+                await _drain(http, rej, limits.max_body_bytes, deadline)
             counts[str(rej.status)] += 1
             return JSONResponse({"detail": rej.detail}, rej.status, headers=rej.headers)
         except ClientDisconnect:
@@ -336,6 +447,7 @@ def create_app(
             "active": session.active,
             "queued": session.queued + driver.pending,
             "in_flight": in_flight,
+            "uploading": uploading,
             "capacity": limits.capacity,
             "depth": session.depth,
             "ticks": session.ticks,

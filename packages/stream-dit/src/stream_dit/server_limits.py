@@ -36,6 +36,9 @@ class ServerLimits:
         request_timeout_s: wall-clock limit of one request, body upload and queueing included
             (504 and the request is cancelled).
         retry_after_s: the ``Retry-After`` value of a 503.
+        max_uploads: request bodies received at once (503 with ``Retry-After`` beyond it, before
+            the body is read); with ``max_body_bytes`` it bounds the memory that bodies in transit
+            take under a flood. Default (0): ``slots + max_queue``.
     """
 
     max_frames: int
@@ -48,12 +51,19 @@ class ServerLimits:
     max_body_bytes: int = 0
     request_timeout_s: float = 300.0
     retry_after_s: int = 1
+    max_uploads: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_frames", "max_cond_len", "cond_dim", "slots", "max_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_queue", "max_curve_len", "max_body_bytes", "retry_after_s"):
+        for name in (
+            "max_queue",
+            "max_curve_len",
+            "max_body_bytes",
+            "retry_after_s",
+            "max_uploads",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not (self.request_timeout_s > 0 and math.isfinite(self.request_timeout_s)):
@@ -61,6 +71,8 @@ class ServerLimits:
         if self.max_body_bytes == 0:
             numbers = 2 * self.max_cond_len * self.cond_dim + 3 * self.max_curve_len
             object.__setattr__(self, "max_body_bytes", numbers * _CHARS_PER_NUMBER + _BODY_SLACK)
+        if self.max_uploads == 0:
+            object.__setattr__(self, "max_uploads", self.slots + self.max_queue)
 
     @classmethod
     def for_session(cls, session: Any, **overrides: Any) -> ServerLimits:

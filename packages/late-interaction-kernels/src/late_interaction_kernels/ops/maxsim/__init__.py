@@ -12,6 +12,7 @@ from triton_dispatch.launch import PlanCache
 from triton_dispatch.launch import call_key as plan_key
 
 from .layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN
+from .norm_check import NORM_CHECK
 from .op import maxsim_forward
 from .reference import compute_dtype
 
@@ -153,7 +154,34 @@ def maxsim(
 
     Eager calls resolve everything that depends only on the arguments' metadata once per kind of
     call (see :mod:`triton_dispatch.launch`); a repeat call binds the tensors and launches.
+
+    Warns once per process (``UserWarning``) when ``normalize=False`` meets queries whose median
+    token norm is outside ``[0.9, 1.1]``, as late-interaction-kernels 0.4.5 does; only the first
+    eligible call is looked at, and ``LIK_SUPPRESS_NORM_WARN=1`` silences it. See
+    :mod:`.norm_check` for which call that is and why a warm call never pays a host read for it.
     """
+    if not normalize and NORM_CHECK.pending and not torch.compiler.is_compiling():
+        key = call_key(Q, D, q_mask, d_mask, normalize, backward, backend)
+        if key is not None:
+            return _maxsim_checking_norms(key, Q, D, q_mask, d_mask, normalize, backward, backend)
+    return maxsim_unchecked(
+        Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
+    )
+
+
+def maxsim_unchecked(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    normalize: bool = False,
+    backward: str | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """:func:`maxsim` without the query-norm warning, for this package's own callers: the ops
+    built on MaxSim that 0.4.5 did not check (top-k, PLAID, varlen, ...) and the warm-up, whose
+    random queries say nothing about the caller's."""
     if not torch.compiler.is_compiling():
         key = call_key(Q, D, q_mask, d_mask, normalize, backward, backend)
         if key is not None:
@@ -163,6 +191,17 @@ def maxsim(
             return plan(Q, D, q_mask, d_mask)
     call = _resolve_maxsim(Q, D, q_mask, d_mask, normalize, backward, backend)
     return _run(call, Q, D, q_mask, d_mask)
+
+
+def _maxsim_checking_norms(key, Q, D, q_mask, d_mask, normalize, backward, backend):
+    """An eager :func:`maxsim` call while the query-norm check is pending: the plan as usual (its
+    build validates the arguments first), then the check, told whether this call built the plan."""
+    misses = _MAXSIM_PLANS.misses
+    plan = _MAXSIM_PLANS.get(
+        key, lambda: _maxsim_plan(Q, D, q_mask, d_mask, normalize, backward, backend)
+    )
+    NORM_CHECK(Q, D, building_plan=_MAXSIM_PLANS.misses != misses)
+    return plan(Q, D, q_mask, d_mask)
 
 
 _MAXSIM_PLANS: PlanCache = PlanCache("late_interaction_kernels.maxsim")
@@ -417,6 +456,7 @@ __all__ = [
     "BACKWARD_METHODS",
     "maxsim",
     "maxsim_pairs",
+    "maxsim_unchecked",
     "maxsim_varlen",
     "resolve_backward",
 ]

@@ -15,7 +15,7 @@ from triton_dispatch import common_device, device_facts, select_backend, uses_tr
 from triton_dispatch.launch import KernelLaunch, PlanCache, call_key
 
 from .. import tma
-from ..maxsim import maxsim
+from ..maxsim import maxsim_unchecked
 from ..maxsim.buffers import output_buffer
 from .reference import dequantize, quantize, valid_scale
 
@@ -220,7 +220,7 @@ def _score(Q, D, scale_Q, scale_D, q_mask, d_mask, backend) -> torch.Tensor:
         else:
             Qd = dequantize(Qb, valid_scale(sq), per_token=sq.dim() > 0)
             Dd = dequantize(Db, valid_scale(sd), per_token=sd.dim() > 0)
-            scores = maxsim(Qd, Dd, qm, dm, backend="torch")
+            scores = maxsim_unchecked(Qd, Dd, qm, dm, backend="torch")
     return _squeezed(scores, Q, D)
 
 

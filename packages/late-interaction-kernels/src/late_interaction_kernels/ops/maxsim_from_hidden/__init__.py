@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from triton_dispatch import common_device, select_backend, uses_triton
 
-from ..maxsim import maxsim
+from ..maxsim import maxsim_unchecked
 from .op import from_hidden_forward_op
 from .reference import project
 
@@ -74,7 +74,7 @@ def _validate(Q, H_d, W, b, d_mask, q_mask, chunk_size) -> None:
 
 
 def _score_chunk(Q, H, W, b, d_mask, q_mask, normalize: bool, backend) -> torch.Tensor:
-    return maxsim(Q, project(H, W, b, normalize), q_mask, d_mask, backend=backend)
+    return maxsim_unchecked(Q, project(H, W, b, normalize), q_mask, d_mask, backend=backend)
 
 
 def maxsim_from_hidden(
@@ -152,5 +152,6 @@ def maxsim_from_hidden(
             block = _score_chunk(Q, H, W, b, mask, q_mask, normalize, backend)
         blocks.append(block)
     if not blocks:
-        return maxsim(Q, Q.new_zeros(0, H_d.shape[1], W.shape[1]), q_mask, backend=backend)
+        empty = Q.new_zeros(0, H_d.shape[1], W.shape[1])
+        return maxsim_unchecked(Q, empty, q_mask, backend=backend)
     return torch.cat(blocks, dim=1)

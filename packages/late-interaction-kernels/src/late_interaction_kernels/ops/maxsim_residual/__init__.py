@@ -13,7 +13,7 @@ import torch
 
 from triton_dispatch import common_device, select_backend, uses_triton
 
-from ..maxsim import maxsim
+from ..maxsim import maxsim_unchecked
 from .op import residual_forward_op
 from .reference import decompress
 
@@ -250,7 +250,7 @@ def _decompress_and_score(
         D = tokens.new_zeros(stop - start, width, tokens.shape[1])
         D[doc_of_token, slot] = tokens
         mask = torch.arange(width, device=Q.device) < chunk_lengths[:, None]
-        blocks.append(maxsim(Q, D, q_mask, mask, backend=backend))
+        blocks.append(maxsim_unchecked(Q, D, q_mask, mask, backend=backend))
     if not blocks:
         return Q.new_zeros(Q.shape[0], 0, dtype=torch.float32)
     return torch.cat(blocks, dim=1)

@@ -14,7 +14,7 @@ import torch
 
 from triton_dispatch import common_device, select_backend, uses_triton
 
-from ..maxsim import maxsim
+from ..maxsim import maxsim_unchecked
 from .launch import fused_topk, kernel_takes
 
 __all__ = ["maxsim_topk"]
@@ -49,7 +49,7 @@ def _chunked(Q, D, k, q_mask, d_mask, normalize, chunk_size, largest, backend):
     for start in range(0, D.shape[0], chunk_size):
         stop = min(start + chunk_size, D.shape[0])
         dm = None if d_mask is None else d_mask[start:stop]
-        s = maxsim(Q, D[start:stop], q_mask, dm, normalize=normalize, backend=backend)
+        s = maxsim_unchecked(Q, D[start:stop], q_mask, dm, normalize=normalize, backend=backend)
         i = torch.arange(start, stop, device=s.device).expand_as(s)
         if best_s is not None:
             s, i = torch.cat([best_s, s], dim=1), torch.cat([best_i, i], dim=1)

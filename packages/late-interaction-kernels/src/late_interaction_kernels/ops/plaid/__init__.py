@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from triton_dispatch import common_device, select_backend, uses_triton
 
-from ..maxsim import maxsim
+from ..maxsim import maxsim_unchecked
 from ..maxsim_residual import maxsim_residual as _fused_residual
 from ..maxsim_residual import maxsim_residual_prechecked
 from ..varlen.layout import check_devices, check_offsets, loop_bound, pad
@@ -118,7 +118,7 @@ def _unnormalized(Q, codes, residuals, lengths, centroids, bucket_weights, nbits
         emb = decompress_padded(codes[sl], residuals[sl], centroids, bucket_weights, nbits,
                                 Q.shape[-1]).to(Q.dtype)  # fmt: skip
         mask = length_mask(lengths[sl], codes.shape[1])
-        blocks.append(maxsim(Q, emb, q_mask, mask, backend=backend))
+        blocks.append(maxsim_unchecked(Q, emb, q_mask, mask, backend=backend))
     if not blocks:
         return Q.new_zeros(Q.shape[0], 0, dtype=torch.float32)
     return torch.cat(blocks, dim=1)

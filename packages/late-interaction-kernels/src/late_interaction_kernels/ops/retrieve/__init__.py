@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..maxsim import maxsim
+from ..maxsim import maxsim_unchecked
 
 __all__ = ["MaxSimIndex"]
 
@@ -175,7 +175,8 @@ class MaxSimIndex:
         collections)."""
         self._check(Q, q_mask)
         blocks = [
-            maxsim(Q, D, q_mask, mask, normalize=self.normalize) for _, D, mask in self._chunks()
+            maxsim_unchecked(Q, D, q_mask, mask, normalize=self.normalize)
+            for _, D, mask in self._chunks()
         ]
         return torch.cat(blocks, dim=1)
 
@@ -192,7 +193,7 @@ class MaxSimIndex:
             )
         best_scores = best_ids = None
         for start, D, mask in self._chunks():
-            block = maxsim(Q, D, q_mask, mask, normalize=self.normalize)
+            block = maxsim_unchecked(Q, D, q_mask, mask, normalize=self.normalize)
             ids = torch.arange(start, start + block.shape[1], device=block.device).expand_as(block)
             if best_scores is not None:
                 block = torch.cat([best_scores, block], dim=1)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..maxsim import _backend_for, maxsim, maxsim_pairs, resolve_backward
+from ..maxsim import _backend_for, maxsim_pairs, maxsim_unchecked, resolve_backward
 from ..maxsim.layout import VARLEN_ALL_PAIRS
 from ..maxsim.op import maxsim_forward
 from .layout import check_devices, check_offsets, loop_bound, pad
@@ -95,7 +95,9 @@ def maxsim_varlen(
     # the PyTorch and float64 paths, and degenerate batches: padded blocks through maxsim
     Q, q_mask = pad(Q_packed, cu_seqlens_q, q_lengths, lq)
     D, d_mask = pad(D_packed, cu_seqlens_d, d_lengths, ld)
-    return maxsim(Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend)
+    return maxsim_unchecked(
+        Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
+    )
 
 
 def score_pairs_packed(
