@@ -234,7 +234,7 @@ def errors_table(errors: Mapping[str, float]) -> str:
 
 
 # The bad-input kit lives in its own module; it is part of this kit's public surface.
-from .bad_inputs import (  # noqa: E402
+from ..bad_inputs import (  # noqa: E402
     CASE_KINDS,
     BadCase,
     OpSpec,
@@ -243,12 +243,14 @@ from .bad_inputs import (  # noqa: E402
     bad_input_params,
     check_bad_input,
 )
+from .ranks import RankFailed, run_ranks  # noqa: E402
 
 __all__ = [
     "CASE_KINDS",
     "DEFAULT_TOLERANCES",
     "BadCase",
     "OpSpec",
+    "RankFailed",
     "TensorArg",
     "assert_close",
     "assert_gradients_match",
@@ -265,6 +267,7 @@ __all__ = [
     "randint",
     "randn",
     "relative_error",
+    "run_ranks",
     "seed_for",
     "to_reference",
     "tolerance",
