@@ -63,7 +63,11 @@ def run_tests(out: Path, env: dict[str, str], pytest_args: list[str], timeout: i
     return {"exit": code, "seconds": round(time.perf_counter() - start, 1), "result": tail[0]}
 
 
-def benchmark_scripts(only: set[str] | None, scripts: set[str] | None = None) -> list[tuple[str, Path]]:
+def benchmark_scripts(
+    only: set[str] | None, scripts: set[str] | None = None
+) -> list[tuple[str, Path]]:
+    from multi_gpu import DISTRIBUTED_SCRIPTS  # torchrun-only scripts run through multi_gpu.py
+
     found = []
     folders = [ROOT / "shared" / "triton-dispatch", *sorted((ROOT / "packages").iterdir())]
     for pkg in folders:
@@ -72,7 +76,9 @@ def benchmark_scripts(only: set[str] | None, scripts: set[str] | None = None) ->
         for script in (
             sorted((pkg / "benchmarks").glob("*.py")) if (pkg / "benchmarks").is_dir() else []
         ):
-            if not script.name.startswith("_") and (not scripts or script.stem in scripts):
+            if script in DISTRIBUTED_SCRIPTS or script.name.startswith("_"):
+                continue
+            if not scripts or script.stem in scripts:
                 found.append((pkg.name, script))
     return found
 
@@ -157,7 +163,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tests: {summary['tests']}", flush=True)
     if not args.skip_bench:
         bench = run_benchmarks(
-            args.out, env, only, set(args.bench) if args.bench else None, args.quick, args.bench_timeout
+            args.out,
+            env,
+            only,
+            set(args.bench) if args.bench else None,
+            args.quick,
+            args.bench_timeout,
         )
         (args.out / "benchmarks.json").write_text(json.dumps(bench, indent=2, default=str))
         summary["benchmarks"] = [

@@ -52,3 +52,16 @@ def test_timeout_and_bad_arguments():
         run_ranks(sum_of_ranks, 1, backend="mpi")
     with pytest.raises(TypeError, match="module-level"):
         run_ranks(lambda r, w: None, 1)
+
+
+def nccl_all_gather(rank: int, world: int) -> torch.Tensor:
+    out = [torch.empty(3, device="cuda") for _ in range(world)]
+    dist.all_gather(out, torch.full((3,), float(rank), device="cuda"))
+    return torch.stack(out).cpu()
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
+def test_nccl_ranks_one_gpu_each():
+    for got in run_ranks(nccl_all_gather, 2, backend="nccl", timeout=120):
+        assert torch.equal(got, torch.arange(2.0)[:, None].expand(2, 3))

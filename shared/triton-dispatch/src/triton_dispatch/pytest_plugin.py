@@ -21,6 +21,12 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 if "TRITON_INTERPRET" not in os.environ and not _cuda_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -37,6 +43,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "slow: long-running; deselect with -m 'not slow'")
+    config.addinivalue_line("markers", "multigpu: needs two CUDA devices (skipped with fewer)")
     seed = config.getoption("--seed")
     if seed is None:
         seed = int(
@@ -60,12 +67,14 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if _cuda_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    gpus = _cuda_device_count()
+    no_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    one_gpu = pytest.mark.skip(reason="needs two CUDA devices")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and gpus == 0:
+            item.add_marker(no_gpu)
+        elif "multigpu" in item.keywords and gpus < 2:
+            item.add_marker(one_gpu)
 
 
 @pytest.fixture
