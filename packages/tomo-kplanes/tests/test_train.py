@@ -75,39 +75,63 @@ def test_bad_tilt_series_is_rejected():
         reconstruct(bad, geo, _config())
 
 
-def _ddp_config():
-    return dict(resolution=10, channels=3, rotations=2, steps=8, rays_per_batch=64,
+def _ddp_config(**kw):
+    base = dict(resolution=10, channels=3, rotations=2, steps=8, rays_per_batch=64,
                 samples_per_ray=10, tv_points=64, backend="torch", progress=False, eval_every=0)
+    return {**base, **kw}
 
 
-@pytest.mark.timeout(180)
-def test_ddp_on_two_cpu_processes_keeps_replicas_identical(tmp_path):
-    from tomo_kplanes.distributed import launch_local, phantom_worker
-
-    launch_local(phantom_worker, 2, str(tmp_path), _ddp_config(), init_file=str(tmp_path / "init"))
-    s0 = torch.load(tmp_path / "rank0.pt")
-    s1 = torch.load(tmp_path / "rank1.pt")
+def _ddp_worker(rank, world, config_kwargs):
     _, geo, series = _data()
-    single = reconstruct(series, geo, ReconstructionConfig(**_ddp_config())).object_model.field.state_dict()
+    result = reconstruct(series, geo, ReconstructionConfig(**config_kwargs))
+    state = {k: v.detach().clone() for k, v in result.object_model.field.state_dict().items()}
+    return state, result.losses
+
+
+def _raising_worker(rank, world):
+    _, geo, series = _data()
+    reconstruct(series[:-1] if rank == 1 else series, geo, ReconstructionConfig(**_ddp_config()))
+
+
+@pytest.mark.timeout(240)
+def test_ddp_ranks_match_one_process_on_the_whole_batch():
+    from tomo_kplanes.distributed import launch_local
+
+    # three ranks: 64 rays and 64 TV points round up to 3 x 22 = 66 per step
+    results = launch_local(_ddp_worker, 3, _ddp_config(), timeout=200)
+    (s0, losses0), *others = results
+    for state, losses in others:
+        assert losses == losses0
+        for k in s0:
+            assert torch.equal(s0[k], state[k]), k
+    _, geo, series = _data()
+    single = reconstruct(series, geo, ReconstructionConfig(**_ddp_config(rays_per_batch=66, tv_points=66)))
+    want = single.object_model.field.state_dict()
     for k in s0:
-        torch.testing.assert_close(s0[k], s1[k], rtol=0, atol=0)
-    # each rank saw only its shard, so the replicas differ from a one-process run on all rays
-    assert any(not torch.equal(s0[k], single[k]) for k in s0)
+        torch.testing.assert_close(s0[k], want[k], rtol=1e-4, atol=1e-5, msg=k)
+    torch.testing.assert_close(torch.tensor(losses0), torch.tensor(single.losses), rtol=1e-4, atol=0)
+
+
+@pytest.mark.timeout(120)
+def test_ddp_rank_that_raises_ends_the_run():
+    from tomo_kplanes.distributed import launch_local
+    from triton_dispatch.testing import RankFailed
+
+    with pytest.raises(RankFailed, match="rank 1") as info:
+        launch_local(_raising_worker, 2, timeout=90)
+    assert "ValueError" in info.value.remote_traceback and "tilt_series" in info.value.remote_traceback
 
 
 @pytest.mark.gpu
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
-def test_ddp_on_two_gpus_with_nccl(tmp_path):
+def test_ddp_on_two_gpus_with_nccl():
     from tomo_kplanes.distributed import launch_local, phantom_worker
 
     cfg = {**_ddp_config(), "backend": None}
-    launch_local(phantom_worker, 2, str(tmp_path), cfg, 16, "cuda", backend="nccl",
-                 init_file=str(tmp_path / "init"))
-    s0 = torch.load(tmp_path / "rank0.pt")
-    s1 = torch.load(tmp_path / "rank1.pt")
+    s0, s1 = launch_local(phantom_worker, 2, cfg, 16, "cuda", backend="nccl")
     for k in s0:
-        torch.testing.assert_close(s0[k], s1[k])
+        torch.testing.assert_close(s0[k], s1[k], rtol=0, atol=0)
 
 
 def test_cuda_graph_option_runs_eagerly_off_cuda():

@@ -1,5 +1,5 @@
 """VectorQuantizer and ResidualVQ: outputs, gradients, EMA state, k-means init, state_dict,
-torch.compile and a two-process gloo run."""
+torch.compile (process groups: test_distributed.py)."""
 
 from __future__ import annotations
 
@@ -142,29 +142,6 @@ def test_torch_compile_fullgraph_matches_eager(backend, rng):
         torch.testing.assert_close(a.loss, b.loss)
     for name in ("codebook", "cluster_size", "embed_sum", "steps_since_active"):
         torch.testing.assert_close(getattr(eager, name), getattr(compiled_module, name))
-
-
-@pytest.mark.timeout(180)
-def test_ddp_statistics_are_all_reduced(tmp_path):
-    import torch.multiprocessing as mp
-    from vq_test_helpers import ddp_worker
-
-    ctx = mp.spawn(
-        ddp_worker, args=(2, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=False
-    )
-    while not ctx.join(timeout=150):
-        pass
-    states = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    for key in ("exact", "restarting"):
-        for name, value in states[0][key].items():
-            assert torch.equal(value, states[1][key][name]), (key, name)
-    # The all-reduced step equals one process seeing the whole batch.
-    data = torch.randn(48, 6, generator=torch.Generator().manual_seed(0))
-    torch.manual_seed(1)
-    single = ResidualVQ(6, 5, 2, backend="torch", dead_threshold=None)
-    single(data)
-    for name, value in single.state_dict().items():
-        torch.testing.assert_close(value, states[0]["exact"][name], msg=name)
 
 
 def test_empty_batch_is_a_no_op_with_zero_loss():

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 
 from triton_dispatch.testing import assert_close, randint, randn
@@ -47,46 +44,3 @@ def assert_state_matches(state, ref, replaced, ref_replaced, *, tol=None):
         assert torch.isfinite(out).all(), f"{name} holds non-finite values"
         assert_close(out, want, dtype=torch.float32, tol=tol, name=name)
     assert torch.equal(state[3].cpu().long(), ref[3].cpu().long()), "steps_since_active differs"
-
-
-def ddp_worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
-    """One rank of the gloo test: each rank quantizes its half of one batch with a process group;
-    states are saved for the parent to compare."""
-    import torch.distributed as dist
-
-    from vq_kernels import ResidualVQ
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        data = torch.randn(2 * 24, 6, generator=torch.Generator().manual_seed(0))
-        mine = data.chunk(world)[rank]
-        torch.manual_seed(1)
-        exact = ResidualVQ(
-            6, 5, 2, backend="torch", dead_threshold=None, process_group=dist.group.WORLD
-        )
-        exact(mine)
-        torch.manual_seed(2 + rank)  # different local draws: the broadcast must make them agree
-        restarting = ResidualVQ(
-            6,
-            5,
-            2,
-            backend="torch",
-            dead_threshold=1,
-            kmeans_init=True,
-            kmeans_iters=2,
-            process_group=dist.group.WORLD,
-        )
-        restarting(mine)
-        restarting(mine[:0] if rank == 1 else mine)  # a rank with an empty batch
-        torch.save(
-            {"exact": exact.state_dict(), "restarting": restarting.state_dict()},
-            f"{out_dir}/rank{rank}.pt",
-        )
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    # Leave without C++ static destructors: gloo's worker threads can be torn down unjoined at
-    # interpreter exit, which aborts the process (SIGABRT) after the work has succeeded.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -1,5 +1,5 @@
 """Fused Triton MaxSim (ColBERT/ColPali late interaction) scoring, forward and backward, with
-colpali-engine and PyLate patchers.
+colpali-engine, PyLate and Sentence Transformers patchers.
 
 The public surface of late-interaction-kernels 0.4.5 is kept name for name (``MaxSimScorer``,
 ``retrieve``, ``maxsim``, ``maxsim_pairs``, ``maxsim_varlen``, ``maxsim_padded``, the patchers and
@@ -11,12 +11,16 @@ additions are keyword-only arguments or separate names.
 from importlib.metadata import PackageNotFoundError, version
 
 from . import reference
+from .distributed.cross_rank import maxsim_across_ranks
+from .distributed.sharded_index import ShardedMaxSimIndex
 from .fused_head import maxsim_from_hidden
 from .integrations import (
     patch_colpali_engine,
     patch_pylate,
+    patch_sentence_transformers,
     unpatch_colpali_engine,
     unpatch_pylate,
+    unpatch_sentence_transformers,
 )
 from .ops.maxsim import BACKWARD_METHODS, maxsim, maxsim_pairs
 from .ops.maxsim import maxsim_varlen as maxsim_varlen_pairs
@@ -36,8 +40,10 @@ __all__ = [
     "BACKWARD_METHODS",
     "MaxSimIndex",
     "MaxSimScorer",
+    "ShardedMaxSimIndex",
     "__version__",
     "maxsim",
+    "maxsim_across_ranks",
     "maxsim_from_hidden",
     "maxsim_padded",
     "maxsim_pairs",
@@ -46,9 +52,11 @@ __all__ = [
     "maxsim_varlen_pairs",
     "patch_colpali_engine",
     "patch_pylate",
+    "patch_sentence_transformers",
     "reference",
     "retrieve",
     "unpatch_colpali_engine",
     "unpatch_pylate",
+    "unpatch_sentence_transformers",
     "warmup",
 ]

@@ -1,49 +1,44 @@
 """Data-parallel reconstruction across processes.
 
 :func:`~tomo_kplanes.train.reconstruct` detects an initialised ``torch.distributed`` process group,
-wraps the field in ``DistributedDataParallel`` (gradients all-reduced every step) and gives each
-rank its own shard of the training rays. This module launches such a run on one host.
+splits each step's batch of rays and volume-TV points evenly over the ranks and averages the
+gradients with one all-reduce per step. Launch a run on several GPUs with ``torchrun``
+(``python -m torch.distributed.run --nproc_per_node=N script.py``); :func:`launch_local` starts
+the processes from Python instead.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-
-def _entry(rank: int, world: int, backend: str, init: str, fn: Callable, args: tuple) -> None:
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
-    try:
-        fn(rank, world, *args)
-    finally:
-        dist.destroy_process_group()
+__all__ = ["launch_local", "phantom_worker"]
 
 
 def launch_local(
-    fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo", init_file: str
-) -> None:
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout: float = 600.0,
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes inside a process group
-    (``gloo`` on CPU, ``nccl`` with one GPU per rank). ``fn`` must be importable by module path."""
-    import torch.multiprocessing as mp
+    (``gloo`` on CPU, ``nccl`` with one GPU per rank) and return each rank's return value. ``fn``
+    must be a module-level function. A rank that raises stops the others and raises
+    :class:`triton_dispatch.testing.RankFailed` with its traceback; so does a run past
+    ``timeout`` seconds."""
+    from triton_dispatch.testing import run_ranks
 
-    if os.path.exists(init_file):
-        os.remove(init_file)
-    mp.spawn(
-        _entry, args=(world_size, backend, f"file://{init_file}", fn, args), nprocs=world_size, join=True
-    )
+    return run_ranks(fn, world_size, *args, backend=backend, timeout=timeout)
 
 
 def phantom_worker(
-    rank: int, world: int, out_dir: str, config_kwargs: dict, size: int = 10, device: str = "cpu"
-) -> None:
-    """A small phantom reconstruction that saves each rank's final field state (a smoke run for
-    checking that replicas stay identical)."""
+    rank: int, world: int, config_kwargs: dict, size: int = 10, device: str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """A small phantom reconstruction; returns the rank's final field state on the CPU (a smoke
+    run for checking that replicas stay identical)."""
     from .geometry import TiltGeometry, tilt_range
     from .phantoms import shepp_logan_3d, simulate_tilt_series
     from .train import ReconstructionConfig, reconstruct
@@ -53,5 +48,4 @@ def phantom_worker(
     geo = TiltGeometry(tilt_range(60, 20), (size, size))
     series = simulate_tilt_series(truth, geo, n_samples=size)
     result = reconstruct(series, geo, ReconstructionConfig(**config_kwargs))
-    state = {k: v.detach().cpu().clone() for k, v in result.object_model.field.state_dict().items()}
-    torch.save(state, os.path.join(out_dir, f"rank{rank}.pt"))
+    return {k: v.detach().cpu().clone() for k, v in result.object_model.field.state_dict().items()}

@@ -1,6 +1,6 @@
 """The reconstruction loop: device-resident shuffled ray batches, Adam with parameter groups,
 gradient clipping, a cosine schedule, periodic checkpoints with resume, early stopping on held-out
-pixels, and data-parallel training under ``torch.distributed`` (each rank its own shard of rays)."""
+pixels, and data-parallel training under ``torch.distributed`` (each rank a slice of every batch)."""
 
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ class ReconstructionConfig:
     progress: bool = True
     backend: str | None = None
     #: replay each step as one CUDA graph: the same steps without the Python launch cost that
-    #: dominates a step at these sizes. ``None``: on CUDA outside ``torch.distributed``; ``True``:
-    #: asked for (a warning and eager steps where it cannot run); ``False``: eager steps.
+    #: dominates a step at these sizes. ``None``: on CUDA (under ``torch.distributed``, with
+    #: NCCL); ``True``: asked for (a warning and eager steps where it cannot run); ``False``: eager.
     cuda_graph: bool | None = None
 
 
@@ -132,8 +132,12 @@ def reconstruct(
 ) -> ReconstructionResult:
     """Fit a rotated K-Planes field to a tilt series ``(n_tilts, n_v, n_u)``.
 
-    Under an initialised ``torch.distributed`` process group the field is wrapped in
-    ``DistributedDataParallel`` and each rank trains on its own shard of the training rays.
+    Under an initialised ``torch.distributed`` process group each step's batch of
+    ``rays_per_batch`` rays and ``tv_points`` volume-TV points (each rounded up to a multiple of
+    the world size) is split evenly over the ranks, and the gradients and the loss are averaged
+    by one all-reduce per step: W ranks take the steps of one process, each on 1/W of the batch.
+    Replicas stay identical; on CUDA with NCCL the step, collective included, is replayed as one
+    CUDA graph as on one GPU.
 
     Args:
         tilt_series: ``(n_tilts, n_v, n_u)`` line integrals on the device to train on.
@@ -163,15 +167,16 @@ def reconstruct(
     obj = build_object(config, device)
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    if distributed:
-        obj.field = nn.parallel.DistributedDataParallel(obj.field)
-    inner = obj.field.module if distributed else obj.field
+    inner = obj.field
+    trained = [p for p in inner.parameters() if p.requires_grad]
+    average = _GradientAverage(trained, world) if world > 1 else None
     optimizer = make_optimizer(inner, config)
     scheduler = cosine_schedule(optimizer, config.steps, config.warmup_steps)
 
     train_rays, held_rays = _split_rays(geometry.num_rays, config, device)
-    train_rays = train_rays[rank::world]
-    gen = torch.Generator(device=device).manual_seed(config.seed + 2 + rank)
+    # every rank draws the same ray order and TV points (one generator seed) and takes its slice
+    # of each global batch, so a step of W ranks is the step of one process on the whole batch
+    gen = torch.Generator(device=device).manual_seed(config.seed + 2)
     step0, losses, held_losses = 0, [], []
     ckpt = Path(config.checkpoint_path) if config.checkpoint_path else None
     if resume and ckpt is not None and ckpt.exists():
@@ -184,37 +189,49 @@ def reconstruct(
         step0, losses, held_losses = state["step"], state["losses"], state["holdout_losses"]
         best, bad = state.get("best_holdout", math.inf), state.get("bad_evals", 0)
 
-    batch = min(config.rays_per_batch, max(1, train_rays.numel()))
-    per_epoch = max(1, train_rays.numel() // batch)
+    n_train = train_rays.numel()
+    # equal shards: each rank's mean loss then weighs the same, and the average of the ranks'
+    # gradients is the gradient of the mean over the global batch
+    local = -(-min(config.rays_per_batch, max(1, n_train)) // world)
+    global_batch = local * world
+    tv_local = -(-config.tv_points // world)
+    per_epoch = max(1, n_train // global_batch)
     if step0:
         order = state["order"].to(device)
     else:
-        order = torch.randperm(train_rays.numel(), generator=gen, device=device)
+        order = torch.randperm(n_train, generator=gen, device=device)
     # the step reads its rays from one fixed buffer, so that it can be replayed as a CUDA graph
-    batch_rays = torch.empty(batch, dtype=train_rays.dtype, device=device)
+    batch_rays = torch.empty(local, dtype=train_rays.dtype, device=device)
+    my_slots = torch.arange(rank * local, (rank + 1) * local, device=device)
 
     def train_step() -> torch.Tensor:
         points, steps = geometry.rays(batch_rays, config.samples_per_ray)
         ctx = ReconstructionContext()
         if config.weights.volume_tv > 0:
-            ctx.tv_tap_points = obj.sample_tv_tap_coords(
-                config.tv_points, generator=gen, device=device
-            )
+            taps = obj.sample_tv_tap_coords(tv_local * world, generator=gen, device=device)
+            if world > 1:  # tap-major (4, points, 3): this rank's points in all four taps
+                taps = taps.view(4, world, tv_local, 3)[:, rank].reshape(-1, 3)
+            ctx.tv_tap_points = taps
         loss, _ = reconstruction_loss(
             obj, points, steps, target[batch_rays], config.weights, ctx, fold_taps=config.fold_taps
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if average is not None:
+            loss = average(loss)
         if config.grad_clip > 0:
             nn.utils.clip_grad_norm_(obj.parameters(), config.grad_clip)
         optimizer.step()
         return loss.detach()
 
     run_step = train_step
-    graph_possible = device.type == "cuda" and not distributed
+    # NCCL collectives can be captured; gloo's run on the host
+    graph_possible = device.type == "cuda" and (
+        not distributed or dist.get_backend() == dist.Backend.NCCL
+    )
     if config.cuda_graph and not graph_possible:
         warnings.warn(
-            "cuda_graph needs a CUDA device and no torch.distributed process group; "
+            "cuda_graph needs a CUDA device (and NCCL under torch.distributed); "
             "running the steps eagerly",
             stacklevel=2,
         )
@@ -232,8 +249,9 @@ def reconstruct(
         # a new epoch's order; a run resumed at an epoch's start draws it too, as the uninterrupted
         # run did (the checkpoint holds the previous epoch's order)
         if slot == 0 and step > 0:
-            order = torch.randperm(train_rays.numel(), generator=gen, device=device)
-        batch_rays.copy_(train_rays[order[slot * batch : (slot + 1) * batch]])
+            order = torch.randperm(n_train, generator=gen, device=device)
+        # a global batch larger than the training set wraps around it
+        batch_rays.copy_(train_rays[order[(my_slots + slot * global_batch) % n_train]])
         loss = run_step()
         scheduler.step()
         if (step + 1) % 10 == 0 or step + 1 == config.steps:
@@ -272,9 +290,41 @@ def reconstruct(
                 ckpt,
             )
     bar.close()
-    if distributed:
-        obj.field = inner
     return ReconstructionResult(obj, losses, held_losses, step + 1, stopped)
+
+
+class _GradientAverage:
+    """Averages the gradients of ``params`` and the loss over the default process group with one
+    all-reduce of one flat buffer per step (no host sync, so a CUDA graph can hold it), after
+    making the replicas start equal (rank 0's parameters are broadcast once).
+
+    The planes' gradient, most of the bytes, is the last one backward produces, so a bucketed
+    all-reduce overlapped with backward would have almost nothing to hide behind; one collective
+    after backward costs one launch instead of one per bucket."""
+
+    def __init__(self, params: list[torch.Tensor], world: int) -> None:
+        self.params, self.world = params, world
+        with torch.no_grad():
+            for p in params:
+                dist.broadcast(p, src=0)
+        self.op = dist.ReduceOp.AVG if dist.get_backend() == dist.Backend.NCCL else None
+
+    @torch.no_grad()
+    def __call__(self, loss: torch.Tensor) -> torch.Tensor:
+        grads = []
+        for p in self.params:
+            if p.grad is None:  # a parameter this step did not reach: its gradient is zero
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        flat = torch.cat([*(g.reshape(-1) for g in grads), loss.detach().reshape(1).to(grads[0])])
+        if self.op is None:  # gloo has no average
+            dist.all_reduce(flat)
+            flat.mul_(1.0 / self.world)
+        else:
+            dist.all_reduce(flat, op=self.op)
+        views = flat[:-1].split([g.numel() for g in grads])
+        torch._foreach_copy_(grads, [v.view_as(g) for v, g in zip(views, grads)])
+        return flat[-1].to(loss.dtype)
 
 
 @torch.no_grad()

@@ -185,8 +185,9 @@ class ResidualVQ(nn.Module):
             if self.process_group is not None:
                 import torch.distributed as dist
 
-                dist.all_reduce(counts, group=self.process_group)
-                dist.all_reduce(sums, group=self.process_group)
+                both = torch.cat([counts[:, None], sums], 1)  # one collective, not two
+                dist.all_reduce(both, group=self.process_group)
+                counts, sums = both[:, 0], both[:, 1:]
             means = sums / counts.clamp_min(1)[:, None]
             centroids = torch.where(counts[:, None] > 0, means, centroids)
         self.codebook.data[level].copy_(centroids)

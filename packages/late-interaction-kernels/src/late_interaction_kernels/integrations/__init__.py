@@ -1,4 +1,4 @@
-"""Patchers that route colpali-engine's and PyLate's MaxSim scoring through this package.
+"""Patchers that route colpali-engine's, PyLate's and Sentence Transformers' MaxSim scoring through this package.
 
 Each patcher is idempotent, undone exactly by its ``unpatch_*`` twin, disabled by
 ``LATE_INTERACTION_KERNELS_DISABLE_PATCH=1``, and imports its library only when called.
@@ -13,8 +13,10 @@ __all__ = [
     "UnsupportedVersionError",
     "patch_colpali_engine",
     "patch_pylate",
+    "patch_sentence_transformers",
     "unpatch_colpali_engine",
     "unpatch_pylate",
+    "unpatch_sentence_transformers",
 ]
 
 
@@ -38,5 +40,17 @@ def patch_pylate() -> bool:
 
 def unpatch_pylate() -> None:
     from .pylate import unpatch_pylate as unpatch
+
+    unpatch()
+
+
+def patch_sentence_transformers() -> bool:
+    from .sentence_transformers import patch_sentence_transformers as patch
+
+    return patch()
+
+
+def unpatch_sentence_transformers() -> None:
+    from .sentence_transformers import unpatch_sentence_transformers as unpatch
 
     unpatch()

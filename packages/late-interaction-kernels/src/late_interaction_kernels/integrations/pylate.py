@@ -16,6 +16,14 @@ they run (CUDA, or CPU under ``TRITON_INTERPRET=1``) and PyLate's code otherwise
 PyLate's mask rule is kept: a masked query token adds 0, a masked document token takes part in
 the max with similarity 0 (PyLate multiplies the similarities by the mask), so the scores equal
 the original ones.
+
+With ``gather_across_devices=True`` in a process group of several ranks, ``Contrastive.forward``
+and ``CachedContrastive.calculate_loss`` (PyLate gathers the documents with
+``all_gather_with_gradients`` there and scores the gathered batch) score through
+:func:`~late_interaction_kernels.maxsim_across_ranks` instead: the same loss and gradients, with the
+gather overlapped with the local scoring and half of the backward's communication. Both score all
+queries in one call (``score_mini_batch_size`` only bounds the einsum intermediates the fused
+kernels never build). Custom ``score_metric`` objects keep PyLate's code.
 """
 
 from __future__ import annotations
@@ -172,6 +180,105 @@ def _make_colbert_scores_call(original_call, scores_module):
     return functools.wraps(original_call)(__call__)
 
 
+def _gathers_with_kernels(loss_obj, device: torch.device) -> bool:
+    """Whether a PyLate contrastive loss gathers across ranks with the default ColBERT scorer on
+    a device where the kernels run. The same answer on every rank (the same settings and device
+    type), as it must be: it decides which collectives run."""
+    if not getattr(loss_obj, "gather_across_devices", False):
+        return False
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return False
+    colbert = importlib.import_module("pylate.scores.colbert")
+    if type(getattr(loss_obj, "score_metric", None)) is not colbert.ColBERTScores:
+        return False
+    return _wants_kernels(None, torch.empty(1, device=device))
+
+
+def _model_attr(model, name: str):
+    # the model may be wrapped in (D)DP
+    return getattr(model, name) if hasattr(model, name) else getattr(model.module, name)
+
+
+def _score_across_ranks(queries, stacked, stacked_mask, q_mask):
+    """PyLate's in-batch scores of the local ``queries`` against every rank's stacked positive and
+    negative groups ``(B, N, Ld, d)``, and the column of this rank's first document (query ``i``'s
+    positive sits at ``offset + i * N``)."""
+    import late_interaction_kernels as lik
+
+    b, n, ld, dim = stacked.shape
+    docs = zero_masked_tokens(stacked.reshape(b * n, ld, dim), stacked_mask.reshape(b * n, ld))
+    scores, offset = lik.maxsim_across_ranks(
+        queries, docs, as_bool_mask(q_mask), normalize=False, return_offset=True
+    )
+    return _same_dtype(scores, queries, docs), offset
+
+
+def _make_contrastive_forward(original_forward):
+    """``Contrastive.forward`` of PyLate 1.6 with the gather and the scoring in one cross-rank
+    call; any other configuration runs PyLate's own forward."""
+
+    def forward(self, sentence_features, labels=None):
+        sentence_features = list(sentence_features)
+        device = sentence_features[0]["input_ids"].device
+        if not _gathers_with_kernels(self, device):
+            return original_forward(self, sentence_features, labels)
+        contrastive = importlib.import_module("pylate.losses.contrastive")
+        embeddings = [
+            torch.nn.functional.normalize(self.model(f)["token_embeddings"], p=2, dim=-1)
+            for f in sentence_features
+        ]
+        masks = contrastive.extract_skiplist_mask(
+            sentence_features=sentence_features, skiplist=_model_attr(self.model, "skiplist")
+        )
+        q_mask = None if _model_attr(self.model, "do_query_expansion") else masks[0]
+        n = len(embeddings) - 1
+        scores, offset = _score_across_ranks(
+            embeddings[0],
+            torch.stack(embeddings[1:], dim=1),
+            torch.stack(masks[1:], dim=1),
+            q_mask,
+        )
+        batch_size = embeddings[0].size(0)
+        targets = torch.arange(batch_size, device=scores.device) * n + offset
+        loss = torch.nn.functional.cross_entropy(
+            scores / self.temperature, targets, reduction="mean" if self.size_average else "sum"
+        )
+        return loss * contrastive.get_world_size()
+
+    return functools.wraps(original_forward)(forward)
+
+
+def _make_cached_calculate_loss(original):
+    """``CachedContrastive.calculate_loss`` of PyLate 1.6 with the gather and the scoring in one
+    cross-rank call (one backward instead of one per query chunk: the same summed gradients)."""
+
+    def calculate_loss(self, reps, masks, with_backward: bool = False):
+        anchors = torch.cat(reps[0])
+        others = [torch.cat(list(r)) for r in reps[1:]]
+        if not _gathers_with_kernels(self, anchors.device):
+            return original(self, reps, masks, with_backward)
+        cached = importlib.import_module("pylate.losses.cached_contrastive")
+        q_mask = None if _model_attr(self.model, "do_query_expansion") else masks[0]
+        n = len(others)
+        scores, offset = _score_across_ranks(
+            anchors, torch.stack(others, dim=1), torch.stack(list(masks[1:]), dim=1), q_mask
+        )
+        batch_size = anchors.size(0)
+        targets = torch.arange(batch_size, device=scores.device) * n + offset
+        loss = torch.nn.functional.cross_entropy(
+            scores / self.temperature, targets, reduction="sum"
+        )
+        loss = loss * cached.get_world_size()
+        if with_backward:
+            loss.backward()
+            loss = loss.detach()
+        return loss / batch_size if self.size_average else loss
+
+    return functools.wraps(original)(calculate_loss)
+
+
 def _pylate_modules() -> list[Any]:
     return [m for name, m in list(sys.modules.items()) if name.split(".")[0] == "pylate" and m]
 
@@ -234,6 +341,7 @@ def patch_pylate() -> bool:
             _functions_with_defaults(modules), by_id, lambda fn: replacements[id(fn)]
         )
         _patches.swap_module_globals(modules, by_id, lambda fn: replacements[id(fn)])
+        _patch_contrastive_losses()
         scorer = getattr(colbert, "ColBERTScores", None)
         if scorer is not None:
             _patches.replace(
@@ -251,6 +359,28 @@ def patch_pylate() -> bool:
         raise
     _patches.log("PyLate", found)
     return True
+
+
+def _patch_contrastive_losses() -> None:
+    """Route the cross-rank gather of the contrastive losses that have one (PyLate 1.6's
+    ``Contrastive.forward`` and ``CachedContrastive.calculate_loss``)."""
+    for module_name, class_name, attr, maker in (
+        ("pylate.losses.contrastive", "Contrastive", "forward", _make_contrastive_forward),
+        (
+            "pylate.losses.cached_contrastive",
+            "CachedContrastive",
+            "calculate_loss",
+            _make_cached_calculate_loss,
+        ),
+    ):
+        module = sys.modules.get(module_name)
+        owner = getattr(module, class_name, None)
+        if (
+            owner is not None
+            and attr in vars(owner)
+            and hasattr(module, "all_gather_with_gradients")
+        ):
+            _patches.replace(owner, attr, maker(vars(owner)[attr]))
 
 
 def unpatch_pylate() -> None:

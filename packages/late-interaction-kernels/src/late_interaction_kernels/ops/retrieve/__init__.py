@@ -109,6 +109,10 @@ class MaxSimIndex:
     def save(self, path: str | os.PathLike) -> None:
         """Write the index to one file (``torch.save`` of tensors and plain values; a list of
         uneven documents is stored packed, with its lengths)."""
+        torch.save(self._state(), path)
+
+    def _state(self) -> dict:
+        """What :meth:`save` writes (also a part of a sharded index's per-rank files)."""
         state: dict = {
             "format": INDEX_FORMAT,
             "chunk_size": self.chunk_size,
@@ -121,7 +125,7 @@ class MaxSimIndex:
         else:
             state["lengths"] = torch.tensor([doc.shape[0] for doc in self._list], dtype=torch.int64)
             state["packed"] = torch.cat(self._list) if self._list else torch.empty(0, self.dim)
-        torch.save(state, path)
+        return state
 
     @classmethod
     def load(
@@ -131,8 +135,16 @@ class MaxSimIndex:
         tensors and plain values are unpickled (``weights_only``); a file that is not an index
         raises ``ValueError`` naming it."""
         state = torch.load(path, map_location=device, weights_only=True)
+        return cls._from_state(state, os.fspath(path))
+
+    @classmethod
+    def _from_state(cls, state, source: str) -> MaxSimIndex:
+        """The index of a :meth:`_state` dict read from ``source`` (named in errors)."""
+        path = source
         if not isinstance(state, dict) or state.get("format") != INDEX_FORMAT:
-            raise ValueError(f"{os.fspath(path)!r} is not a MaxSimIndex file (format {INDEX_FORMAT})")
+            raise ValueError(
+                f"{os.fspath(path)!r} is not a MaxSimIndex file (format {INDEX_FORMAT})"
+            )
         try:
             options = {"chunk_size": state["chunk_size"], "normalize": state["normalize"]}
             if "documents" in state:

@@ -268,8 +268,9 @@ def ema_update_(
     1. counts and sums of ``x`` per code, by a batch-parallel scatter (no ``(B, K)`` one-hot);
        rows holding NaN/inf and codes outside ``[0, K)`` are ignored, so they cannot corrupt the
        codebook;
-    2. with ``process_group``, counts and sums are all-reduced (sum) across the group, and the
-       replacement rows of group rank 0 are broadcast, so every rank ends with the same codebook;
+    2. with ``process_group``, the counts, sums and group rank 0's replacement rows of every
+       level travel in one buffer through one all-reduce (sum; the other ranks add zero rows),
+       so every rank ends with the same codebook;
     3. EMA blend and codebook refresh (``semantics="active_only"``: only codes assigned this step
        move, refreshed to ``embed_sum / max(cluster_size, eps)``; ``"decay_all"``: every code
        decays, refreshed with Laplace smoothing);
@@ -310,22 +311,49 @@ def ema_update_(
     ``B = 0`` without a process group is a documented no-op: nothing changes (counters included)
     and no code is restarted.
     """
-    if process_group is None and not torch.compiler.is_compiling():
+    if not torch.compiler.is_compiling():
         key = call_key(
             (x, codes, codebook, cluster_size, embed_sum, steps_since_active, candidates),
             decay, eps, semantics, dead_threshold, deterministic, check_codes, backend,
-            None if generator is None else generator.device,
+            None if generator is None else generator.device, process_group is None,
         )  # fmt: skip
         if key is not None:
             plan = _PLANS.get(
                 key,
                 lambda: _plan_update(
-                    x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps,
-                    semantics, dead_threshold, candidates, generator, deterministic, check_codes,
+                    x,
+                    codes,
+                    codebook,
+                    cluster_size,
+                    embed_sum,
+                    steps_since_active,
+                    decay,
+                    eps,
+                    semantics,
+                    dead_threshold,
+                    candidates,
+                    generator,
+                    deterministic,
+                    check_codes,
                     backend,
+                    process_group is not None,
                 ),
             )
-            return plan(x, codes, codebook, cluster_size, embed_sum, steps_since_active, candidates, generator)
+            if process_group is not None:
+                return plan(
+                    x, codes, codebook, cluster_size, embed_sum, steps_since_active, candidates,
+                    generator, process_group,
+                )  # fmt: skip
+            return plan(
+                x,
+                codes,
+                codebook,
+                cluster_size,
+                embed_sum,
+                steps_since_active,
+                candidates,
+                generator,
+            )
     call = _resolve_update(
         x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
         dead_threshold, candidates, generator, backend,
@@ -502,21 +530,21 @@ def _apply_update(
             threshold=threshold,
         )
         return replaced if stacked else replaced[0]
-    if compiling:
-        counts, sums = _ema_statistics_op(x3, codes3, num_codes, bool(deterministic), chosen)
-    else:
-        counts, sums = _statistics(x3, codes3, num_codes, bool(deterministic), chosen, True)
     if process_group is not None:
-        import torch.distributed as dist
-
-        dist.all_reduce(counts, group=process_group)
-        dist.all_reduce(sums, group=process_group)
-        rows = gather_replacement_rows(x3, cand3).to(sum3.dtype).contiguous()
-        dist.broadcast(rows, src=dist.get_global_rank(process_group, 0), group=process_group)
-        src = rows.view(levels * num_codes, dim)
+        counts, sums, rows, work = _group_statistics(
+            x3, codes3, cand3, num_codes, bool(deterministic), chosen, process_group, compiling
+        )
+        # queued while the collective runs: nothing here reads its buffer
         cand3 = torch.arange(num_codes, device=device).expand(levels, num_codes).contiguous()
         rows_per_level = num_codes
+        if work is not None:
+            work.wait()
+        src = rows.to(sum3.dtype).view(levels * num_codes, dim)
     else:
+        if compiling:
+            counts, sums = _ema_statistics_op(x3, codes3, num_codes, bool(deterministic), chosen)
+        else:
+            counts, sums = _statistics(x3, codes3, num_codes, bool(deterministic), chosen, True)
         src = x3.contiguous().view(levels * batch, dim)
         rows_per_level = batch
     apply_args = (
@@ -541,6 +569,38 @@ def _apply_update(
     return replaced if stacked else replaced[0]
 
 
+def _group_statistics(x3, codes3, cand3, num_codes, deterministic, chosen, group, compiling):
+    """Counts, sums and restart rows of every level in one flat buffer, summed over ``group`` by
+    a single all-reduce (started asynchronously outside tracing; the caller waits on the returned
+    work before it reads the buffer). Only group rank 0 writes its rows; the others add zeros, so
+    the sum hands every rank rank 0's rows bit for bit, as a broadcast would, without a second
+    collective. Returns ``(counts, sums, rows, work)``; ``work`` is None when the reduction is done.
+    """
+    import torch.distributed as dist
+
+    levels, batch, dim = x3.shape
+    lk = levels * num_codes
+    dtype = torch.float64 if x3.dtype == torch.float64 else torch.float32
+    flat = torch.zeros(lk * (2 * dim + 1), device=x3.device, dtype=dtype)
+    counts = flat[:lk].view(levels, num_codes)
+    sums = flat[lk : lk * (dim + 1)].view(levels, num_codes, dim)
+    rows = flat[lk * (dim + 1) :].view(levels, num_codes, dim)
+    if batch > 0:
+        if uses_triton(chosen) and dtype == torch.float32 and not deterministic and not compiling:
+            from .kernels import scatter_statistics_into
+
+            scatter_statistics_into(x3.contiguous(), codes3.contiguous(), counts, sums)
+        else:
+            op = _ema_statistics_op if compiling else _statistics
+            c, s = op(x3, codes3, num_codes, deterministic, chosen)
+            counts.copy_(c)
+            sums.copy_(s)
+    if dist.get_rank(group) == 0:
+        rows.copy_(gather_replacement_rows(x3, cand3))
+    work = dist.all_reduce(flat, group=group, async_op=not compiling)
+    return counts, sums, rows, None if compiling else work
+
+
 def _check_code_range(codes: torch.Tensor, num_codes: int) -> None:
     """The opt-in value check (reads two numbers back: a device sync on CUDA)."""
     if codes.numel() > 0:
@@ -553,11 +613,12 @@ def _check_code_range(codes: torch.Tensor, num_codes: int) -> None:
 
 def _plan_update(
     x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
-    dead_threshold, candidates, generator, deterministic, check_codes, backend,
+    dead_threshold, candidates, generator, deterministic, check_codes, backend, grouped=False,
 ):  # fmt: skip
     """The eager plan of a validated update. Active-only updates bind one launch: the
     small-batch kernel (no scratch, no zero-fill, no atomics) below its crossover, the cooperative
-    scatter + epilogue kernel above it. Everything else runs :func:`_apply_update`."""
+    scatter + epilogue kernel above it. Everything else runs :func:`_apply_update`; an update
+    over a process group (``grouped``) takes the group as a last argument of each call."""
     call = _resolve_update(
         x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
         dead_threshold, candidates, generator, backend,
@@ -578,13 +639,15 @@ def _plan_update(
         and (candidates is None or candidates.is_contiguous())
     )
 
-    def general(x, codes, codebook, cluster_size, embed_sum, steps, candidates, generator):
+    def general(
+        x, codes, codebook, cluster_size, embed_sum, steps, candidates, generator, group=None
+    ):
         return _apply_update(
             call, x, codes, codebook, cluster_size, embed_sum, steps, decay, eps, semantics,
-            candidates, generator, deterministic, None, check_codes,
+            candidates, generator, deterministic, group, check_codes,
         )  # fmt: skip
 
-    if not fast:
+    if grouped or not fast:
         return general
 
     check = check_codes if check_codes is not None else device.type != "cuda"

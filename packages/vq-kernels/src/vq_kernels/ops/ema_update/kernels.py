@@ -212,7 +212,9 @@ def _code_update(
     denom = tl.where(refresh, denom, 1.0)
     new_counter = tl.where(active, 0, counter + 1)
     cand = tl.load(cand_ptr + g, mask=gm, other=0).to(tl.int64)
-    row = (g // K).to(tl.int64) * rows_per_level + tl.minimum(tl.maximum(cand, 0), rows_per_level - 1)
+    row = (g // K).to(tl.int64) * rows_per_level + tl.minimum(
+        tl.maximum(cand, 0), rows_per_level - 1
+    )
     if HAS_THRESHOLD:
         if DECAY_ALL:
             dead = gm & (new_size < threshold)
@@ -253,7 +255,9 @@ def _rows_update(
 
 
 @triton.jit
-def _code_store(size_ptr, counter_ptr, replaced_ptr, g, gm, new_size, new_counter, replaced, reset_size):
+def _code_store(
+    size_ptr, counter_ptr, replaced_ptr, g, gm, new_size, new_counter, replaced, reset_size
+):
     tl.store(size_ptr + g, tl.where(replaced, reset_size, new_size), mask=gm)
     new_counter = tl.where(replaced, 0, new_counter).to(counter_ptr.dtype.element_ty)
     tl.store(counter_ptr + g, new_counter, mask=gm)
@@ -287,7 +291,9 @@ def _epilogue_codes(
             codebook_ptr, sum_ptr, src_ptr, g, gm, c, batch_sum, refresh, denom, blend, replaced,
             row, D, decay, reset_size,
         )  # fmt: skip
-    _code_store(size_ptr, counter_ptr, replaced_ptr, g, gm, new_size, new_counter, replaced, reset_size)
+    _code_store(
+        size_ptr, counter_ptr, replaced_ptr, g, gm, new_size, new_counter, replaced, reset_size
+    )
 
 
 @triton.jit
@@ -400,7 +406,7 @@ def scatter_statistics(
     single allocation, zero-filled by one launch instead of two (a launch costs microseconds of
     host time, a visible part of a training-size update).
     """
-    levels, batch, dim = x.shape
+    levels, _, dim = x.shape
     if one_buffer:
         scratch = torch.zeros(levels * num_codes * (dim + 1), device=x.device, dtype=torch.float32)
         counts = scratch[: levels * num_codes].view(levels, num_codes)
@@ -408,6 +414,17 @@ def scatter_statistics(
     else:
         counts = torch.zeros(levels, num_codes, device=x.device, dtype=torch.float32)
         sums = torch.zeros(levels, num_codes, dim, device=x.device, dtype=torch.float32)
+    scatter_statistics_into(x, codes, counts, sums)
+    return counts, sums
+
+
+def scatter_statistics_into(
+    x: torch.Tensor, codes: torch.Tensor, counts: torch.Tensor, sums: torch.Tensor
+) -> None:
+    """Add the counts and sums of ``x (L, B, D)`` (contiguous, B >= 1) into zero-filled fp32
+    ``counts (L, K)`` and ``sums (L, K, D)`` (contiguous views, e.g. of a collective's buffer)."""
+    levels, batch, dim = x.shape
+    num_codes = counts.shape[-1]
     block_b, block_d = _scatter_blocks(dim)
     grid = (triton.cdiv(batch, block_b), levels)
     scatter_statistics_kernel[grid](
@@ -423,7 +440,6 @@ def scatter_statistics(
         BLOCK_D=block_d,
         num_warps=4,
     )
-    return counts, sums
 
 
 def segment_statistics(x: torch.Tensor, codes: torch.Tensor, num_codes: int):
@@ -690,9 +706,15 @@ def small_update_launch(
         small_update_kernel,
         (num_codes, levels),
         dict(
-            B=batch, K=num_codes, D=dim, decay=float(decay), eps=float(eps),
+            B=batch,
+            K=num_codes,
+            D=dim,
+            decay=float(decay),
+            eps=float(eps),
             threshold=float(threshold) if threshold is not None else 0.0,
-            HAS_THRESHOLD=threshold is not None, BLOCK_B=block_b, BLOCK_D=block_d,
+            HAS_THRESHOLD=threshold is not None,
+            BLOCK_B=block_b,
+            BLOCK_D=block_d,
         ),
         device=device,
         options={"num_warps": 4},

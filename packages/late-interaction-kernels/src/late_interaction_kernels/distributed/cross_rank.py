@@ -1,0 +1,360 @@
+"""Cross-rank in-batch negatives: every rank's queries scored against every rank's documents.
+
+Contrastive training on several GPUs enlarges the pool of negatives by gathering the documents of
+all ranks. :func:`maxsim_across_ranks` does this with the fused MaxSim kernels on
+``torch.distributed`` collectives:
+
+* forward: one tiny all-gather of the ranks' sizes, then an asynchronous all-gather of the
+  documents (padded to the largest ``Nd`` and ``Ld``, the padding masked), during which the local
+  documents are scored; then the documents of the other ranks are scored;
+* backward: the gradients of the other ranks' documents are computed first and sent off in an
+  asynchronous reduce-scatter (sum), during which the local block's backward runs; each rank ends
+  with the summed gradient of its own documents.
+
+This is the gradient that ``torch.distributed.nn.all_gather`` (what sentence-transformers' and
+PyLate's ``all_gather_with_gradients`` call) followed by scoring gives, with half of its
+communication (it reduce-scatters the whole gathered gradient, own block included; here a rank's own
+block never leaves it), so swapping one for the other changes no loss and no gradient.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from ..ops.maxsim import _check_mask, _check_pair, _check_tensor, maxsim, maxsim_unchecked
+
+__all__ = ["maxsim_across_ranks"]
+
+_DTYPE_CODES = {torch.float16: 1, torch.bfloat16: 2, torch.float32: 3, torch.float64: 4}
+_DTYPE_NAMES = {code: str(dtype) for dtype, code in _DTYPE_CODES.items()}
+
+# what each rank tells the others before anything is gathered; collectives of different sizes
+# would hang or corrupt memory, so a disagreement must be found here and raised on every rank
+_FIELDS = ("error", "nq", "nd", "ld", "dim", "dtype", "d_mask", "node", "d_grad", "normalize")
+
+
+class _Layout(NamedTuple):
+    """The agreed sizes of one call, the same on every rank."""
+
+    rank: int
+    world: int
+    nd: tuple[int, ...]  # documents per rank
+    ld: tuple[int, ...]  # document length per rank
+    nd_max: int
+    ld_max: int
+    gather_mask: bool  # some rank has a d_mask or the lengths differ
+    d_grad: bool  # some rank needs document gradients: every rank joins the reduce-scatter
+
+    @property
+    def offset(self) -> int:
+        return sum(self.nd[: self.rank])
+
+    @property
+    def even(self) -> bool:
+        return all(n == self.nd_max for n in self.nd)
+
+
+def maxsim_across_ranks(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    group: dist.ProcessGroup | None = None,
+    normalize: bool = True,
+    backward: str | None = "auto",
+    backend: str | None = None,
+    return_offset: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, int]:
+    """This rank's queries against the documents of every rank of ``group``.
+
+    A collective: every rank of ``group`` must call it with the same ``normalize`` and, when
+    gradients flow, run the backward of the result (the backward holds a collective too).
+
+    Args:
+        Q: this rank's queries ``(Nq, Lq, d)``; ``Nq`` and ``Lq`` may differ between ranks (zero
+            queries included).
+        D: this rank's documents ``(Nd, Ld, d)``; ``Nd`` and ``Ld`` may differ between ranks.
+            ``d`` and the dtype must be the same everywhere.
+        q_mask: bool ``(Nq, Lq)``, True = valid token.
+        d_mask: bool ``(Nd, Ld)``; masked document tokens never win.
+        group: the process group (default: the world). Without an initialised process group, or
+            with one rank, this is :func:`~late_interaction_kernels.maxsim` on the local batch.
+        normalize, backward, backend: as in :func:`~late_interaction_kernels.maxsim`.
+        return_offset: also return the column of this rank's first document.
+
+    Returns:
+        float32 scores ``(Nq, Nd_total)`` (float64 for float64 inputs); column ``j`` is row ``j``
+        of ``torch.cat`` of every rank's ``D`` in rank order, so the documents of this rank sit
+        at columns ``offset .. offset + Nd``, and ``offset + i`` is the positive of query ``i``
+        in the usual one-positive-per-query batch. With ``return_offset``: ``(scores, offset)``.
+        The gradient of ``D`` is the sum over ranks of the gradients their losses send to it: the
+        result of one process scoring the concatenated batch under the sum of the ranks' losses.
+
+    Raises:
+        ValueError, TypeError: bad arguments on any rank (raised on every rank, naming the one
+            at fault, so that no rank is left waiting in a collective).
+    """
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        scores = maxsim(
+            Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
+        )
+        return (scores, 0) if return_offset else scores
+    grad = torch.is_grad_enabled()
+    info, error = _local_info(Q, D, q_mask, d_mask, normalize, grad)
+    layout = _agree(info, error, D if isinstance(D, torch.Tensor) else None, group)
+    config = (layout, group, normalize, backward, backend)
+    if grad and (Q.requires_grad or D.requires_grad):
+        scores = _CrossRankMaxSim.apply(Q, D, q_mask, d_mask, config)
+    else:
+        with torch.no_grad():
+            scores = _forward(None, Q, D, q_mask, d_mask, config)
+    return (scores, layout.offset) if return_offset else scores
+
+
+def _local_info(Q, D, q_mask, d_mask, normalize, grad) -> tuple[list[int], str]:
+    """This rank's entry of the size exchange, and its validation error (``""`` if none)."""
+    info = dict.fromkeys(_FIELDS, 0)
+    try:
+        _check_tensor("Q", Q, 3, "(Nq, Lq, d)")
+        _check_tensor("D", D, 3, "(Nd, Ld, d)")
+        _check_pair(Q, D)
+        _check_mask("q_mask", q_mask, tuple(Q.shape[:2]))
+        _check_mask("d_mask", d_mask, tuple(D.shape[:2]))
+        if not isinstance(normalize, bool):
+            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+        if Q.device != D.device:
+            raise ValueError(f"Q and D must be on one device; got {Q.device} and {D.device}")
+    except (TypeError, ValueError) as exc:
+        info["error"] = 1
+        return list(info.values()), f"{type(exc).__name__}: {exc}"
+    info.update(
+        nq=Q.shape[0],
+        nd=D.shape[0],
+        ld=D.shape[1],
+        dim=D.shape[2],
+        dtype=_DTYPE_CODES[D.dtype],
+        d_mask=int(d_mask is not None),
+        node=int(grad and (Q.requires_grad or D.requires_grad)),
+        d_grad=int(grad and D.requires_grad),
+        normalize=int(normalize),
+    )
+    return list(info.values()), ""
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
+
+
+def _exchange(info: list[int], device: torch.device | None, group) -> list[list[int]]:
+    """Every rank's ``info``, rank by rank: one small all-gather and one host read."""
+    world = dist.get_world_size(group)
+    if dist.get_backend(group) == "nccl":
+        device = device if device is not None and device.type == "cuda" else None
+        device = device or torch.device("cuda", torch.cuda.current_device())
+        # on an idle side stream the exchange waits for the other ranks only, not for the work
+        # queued on this rank's compute stream (the encoder's forward, say)
+        with torch.cuda.stream(_side_stream(device)):
+            mine = torch.tensor(info, dtype=torch.int64).to(device)
+            out = torch.empty(world * len(info), dtype=torch.int64, device=device)
+            dist.all_gather_into_tensor(out, mine, group=group)
+            rows = out.view(world, len(info)).tolist()
+    else:
+        mine = torch.tensor(info, dtype=torch.int64)
+        out = torch.empty(world * len(info), dtype=torch.int64)
+        dist.all_gather_into_tensor(out, mine, group=group)
+        rows = out.view(world, len(info)).tolist()
+    return rows
+
+
+def _agree(info: list[int], error: str, D: torch.Tensor | None, group) -> _Layout:
+    """Exchange the sizes and check them; every rank raises the same error if one is bad."""
+    rows = _exchange(info, None if D is None else D.device, group)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    fields = [dict(zip(_FIELDS, row, strict=True)) for row in rows]
+    bad = [r for r, f in enumerate(fields) if f["error"]]
+    if bad:
+        if error:
+            raise (TypeError if error.startswith("TypeError") else ValueError)(
+                f"maxsim_across_ranks: {error.split(': ', 1)[1]}"
+            )
+        raise ValueError(
+            f"maxsim_across_ranks: the arguments of rank(s) {bad} are invalid (see that rank's "
+            "error)"
+        )
+    first = fields[0]
+    for key, what in (("dim", "the embedding size d"), ("dtype", "the dtype")):
+        if any(f[key] != first[key] for f in fields):
+            found = [f[key] if key == "dim" else _DTYPE_NAMES[f[key]] for f in fields]
+            raise ValueError(f"maxsim_across_ranks: {what} of D must be the same on every rank; "
+                             f"got {found} (rank by rank)")  # fmt: skip
+    if any(f["normalize"] != first["normalize"] for f in fields):
+        raise ValueError(
+            "maxsim_across_ranks: normalize must be the same on every rank; got "
+            f"{[bool(f['normalize']) for f in fields]} (rank by rank)"
+        )
+    d_grad = any(f["d_grad"] for f in fields)
+    if d_grad and not all(f["node"] for f in fields):
+        # a rank without a backward would never join the reduce-scatter of the others
+        raise ValueError(
+            "maxsim_across_ranks: D requires grad on some ranks, but on rank(s) "
+            f"{[r for r, f in enumerate(fields) if not f['node']]} neither Q nor D does (or grad "
+            "mode is off); every rank must take part in the backward"
+        )
+    nd = tuple(f["nd"] for f in fields)
+    ld = tuple(f["ld"] for f in fields)
+    if d_grad and any(n > 0 and length == 0 for n, length in zip(nd, ld, strict=True)):
+        raise ValueError(
+            "maxsim_across_ranks: documents of zero length (Ld=0) while gradients are required "
+            f"(Ld per rank: {list(ld)}); drop empty documents or mask them with d_mask"
+        )
+    gather_mask = any(f["d_mask"] for f in fields) or len(set(ld)) > 1
+    return _Layout(rank, world, nd, ld, max(nd), max(ld), gather_mask, d_grad)
+
+
+def _padded(x: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:
+    if tuple(x.shape) == shape:
+        return x.contiguous()
+    out = x.new_full(shape, fill)
+    out[tuple(slice(0, n) for n in x.shape)] = x
+    return out
+
+
+def _others(x: torch.Tensor, layout: _Layout) -> torch.Tensor:
+    """The other ranks' blocks of a gathered ``(world * Nd_max, ...)`` tensor, in rank order."""
+    lo, hi = layout.rank * layout.nd_max, (layout.rank + 1) * layout.nd_max
+    if layout.rank == 0:
+        return x[hi:]
+    if layout.rank == layout.world - 1:
+        return x[:lo]
+    return torch.cat([x[:lo], x[hi:]])
+
+
+def _forward(state, Q, D, q_mask, d_mask, config) -> torch.Tensor:
+    """The scores; with ``state`` (a dict) also the leaves and outputs the backward needs."""
+    layout, group, normalize, backward, backend = config
+    nd_max, ld_max, dim = layout.nd_max, layout.ld_max, D.shape[-1]
+    send = _padded(D.detach(), (nd_max, ld_max, dim), 0)
+    gathered = D.new_empty((layout.world * nd_max, ld_max, dim))
+    works = [dist.all_gather_into_tensor(gathered, send, group=group, async_op=True)]
+    gathered_mask = None
+    if layout.gather_mask:
+        mask = d_mask if d_mask is not None else D.new_ones(D.shape[:2], dtype=torch.bool)
+        mask = _padded(mask, (nd_max, ld_max), False)
+        gathered_mask = mask.new_empty((layout.world * nd_max, ld_max))
+        works.append(dist.all_gather_into_tensor(gathered_mask, mask, group=group, async_op=True))
+
+    kwargs = dict(normalize=normalize, backward=backward, backend=backend)
+    need_q = state is not None and Q.requires_grad
+    need_d = state is not None and D.requires_grad
+    q_leaf = Q.detach().requires_grad_(need_q)
+    d_leaf = D.detach().requires_grad_(need_d)
+    with torch.enable_grad() if state is not None else torch.no_grad():
+        local = maxsim(q_leaf, d_leaf, q_mask, d_mask, **kwargs)  # overlaps the all-gather
+        for work in works:
+            work.wait()
+        remote_d = _others(gathered, layout).detach()
+        remote_d.requires_grad_(state is not None and layout.d_grad)
+        remote_mask = None if gathered_mask is None else _others(gathered_mask, layout)
+        remote = maxsim_unchecked(q_leaf, remote_d, q_mask, remote_mask, **kwargs)
+    if state is not None:
+        state.update(q_leaf=q_leaf, d_leaf=d_leaf, remote_d=remote_d, local=local, remote=remote)
+    pieces, slot = [], 0
+    for r, n in enumerate(layout.nd):
+        if r == layout.rank:
+            pieces.append(local)
+        else:
+            pieces.append(remote[:, slot * nd_max : slot * nd_max + n])
+            slot += 1
+    return torch.cat(pieces, dim=1)
+
+
+def _remote_grad(grad: torch.Tensor, layout: _Layout) -> torch.Tensor:
+    """The columns of the other ranks' documents, in the gathered layout (padding gets 0)."""
+    if layout.even:
+        lo, hi = layout.offset, layout.offset + layout.nd_max
+        return torch.cat([grad[:, :lo], grad[:, hi:]], dim=1)
+    out = grad.new_zeros((grad.shape[0], layout.world - 1, layout.nd_max))
+    start, slot = 0, 0
+    for r, n in enumerate(layout.nd):
+        if r != layout.rank:
+            out[:, slot, :n] = grad[:, start : start + n]
+            slot += 1
+        start += n
+    return out.view(grad.shape[0], (layout.world - 1) * layout.nd_max)
+
+
+class _CrossRankMaxSim(torch.autograd.Function):
+    """One autograd node over the local tensors. The two blocks (local documents, gathered
+    documents) keep their own MaxSim graphs inside, so that the backward can order them around
+    the reduce-scatter: the other ranks' gradients first, sent while the local block runs."""
+
+    @staticmethod
+    def forward(ctx, Q, D, q_mask, d_mask, config):
+        state: dict = {}
+        scores = _forward(state, Q, D, q_mask, d_mask, config)
+        ctx.state, ctx.layout, ctx.group = state, config[0], config[1]
+        ctx.shapes = (tuple(D.shape), D.dtype)
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad):
+        state, layout, group = ctx.state, ctx.layout, ctx.group
+        if state is None:
+            raise RuntimeError(
+                "maxsim_across_ranks: backward ran twice through the same scores; its graph is "
+                "freed after the first backward"
+            )
+        ctx.state = None
+        (nd, ld, dim), dtype = ctx.shapes
+        q_leaf, d_leaf, remote_d = state["q_leaf"], state["d_leaf"], state["remote_d"]
+        grad_q = None
+        work = None
+        if layout.d_grad or q_leaf.requires_grad:
+            inputs = [t for t in (q_leaf, remote_d) if t.requires_grad]
+            grads = torch.autograd.grad(
+                state["remote"], inputs, _remote_grad(grad, layout), allow_unused=True
+            )
+            found = dict(zip([id(t) for t in inputs], grads, strict=True))
+            grad_q = found.get(id(q_leaf))
+            if layout.d_grad:
+                g_remote = found.get(id(remote_d))
+                if g_remote is None:
+                    g_remote = torch.zeros_like(remote_d)
+                # this rank's own slot holds zeros: its local block's gradient never travels
+                cut = layout.rank * layout.nd_max
+                own = g_remote.new_zeros((layout.nd_max, layout.ld_max, dim))
+                send = torch.cat([g_remote[:cut], own, g_remote[cut:]])
+                received = torch.empty_like(own)
+                work = dist.reduce_scatter_tensor(received, send, group=group, async_op=True)
+        lo = layout.offset
+        local_grad = grad[:, lo : lo + nd]
+        inputs = [t for t in (q_leaf, d_leaf) if t.requires_grad]
+        grad_d = None
+        if inputs:
+            grads = torch.autograd.grad(state["local"], inputs, local_grad, allow_unused=True)
+            found = dict(zip([id(t) for t in inputs], grads, strict=True))
+            local_q = found.get(id(q_leaf))
+            if local_q is not None:
+                grad_q = local_q if grad_q is None else grad_q + local_q
+            grad_d = found.get(id(d_leaf))
+        if work is not None:
+            work.wait()
+            if d_leaf.requires_grad:
+                mine = received[:nd, :ld].to(dtype)
+                grad_d = mine if grad_d is None else grad_d + mine
+        if not ctx.needs_input_grad[0]:
+            grad_q = None
+        if not ctx.needs_input_grad[1]:
+            grad_d = None
+        elif grad_d is None:
+            grad_d = torch.zeros((nd, ld, dim), dtype=dtype, device=grad.device)
+        return grad_q, grad_d, None, None, None

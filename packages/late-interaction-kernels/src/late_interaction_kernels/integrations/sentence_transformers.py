@@ -1,0 +1,132 @@
+"""Route Sentence Transformers' multi-vector (MaxSim) scoring through the fused kernels.
+
+Patched (sentence-transformers >=6.2,<7): the two chunk scorers of
+``sentence_transformers.util.similarity`` that every MaxSim path of the library ends in,
+``_maxsim_score_documents`` (every query against every document) and ``_maxsim_score_pairs``
+(query ``i`` against document ``i``). Through them the patch reaches ``maxsim``/``mean_maxsim``
+(``MultiVectorEncoder.similarity``, the evaluators), ``maxsim_pairwise`` (``similarity_pairwise``)
+and the ``colbert_*`` scoring functions that the multi-vector losses default to (multiple
+negatives ranking, its cached variant, MarginMSE, KL distillation), forward and backward, without
+touching the library's chunking, padding, length normalisation or empty-document handling.
+
+A chunk runs the kernels when its tensors sit where the kernels run (CUDA, or CPU under
+``TRITON_INTERPRET=1``) in one floating dtype other than float64; anything else keeps the
+library's code. The library's mask rules are kept: a masked document token never wins the max, a
+document without a valid token gets the library's sentinel score, and a float query mask weights
+each query token's maximum (exactly so for the non-negative weights the library produces).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from ._patching import PatchSet, installed_version, logger, patching_disabled, routes_to_kernels
+from ._scoring import kernels
+
+MINIMUM_VERSION = "6.2"
+BELOW_VERSION = "7"
+
+_patches = PatchSet("sentence-transformers")
+_SIMILARITY = "sentence_transformers.util.similarity"
+
+
+def _routable(a: torch.Tensor, b: torch.Tensor, a_mask, b_mask) -> bool:
+    if a.dim() != 3 or b.dim() != 3 or a.shape[1] == 0 or b.shape[1] == 0:
+        return False  # zero-width chunks keep the library's own fill
+    if a.dtype != b.dtype or a.shape[-1] != b.shape[-1]:
+        return False
+    for mask in (a_mask, b_mask):
+        if mask is not None and (not isinstance(mask, torch.Tensor) or mask.device != a.device):
+            return False
+    return routes_to_kernels(a, b)
+
+
+def _query_side(a: torch.Tensor, a_mask: torch.Tensor | None):
+    """``(queries, bool mask)`` in the kernels' convention. A bool mask is passed through; a
+    numeric one multiplies each token's maximum in the library, which for weights >= 0 equals
+    scoring the query token scaled by its weight (a zero weight scores exactly 0)."""
+    if a_mask is None or a_mask.dtype == torch.bool:
+        return a, a_mask
+    return a * a_mask.to(a.dtype).unsqueeze(-1), None
+
+
+def _make_score_documents(original, similarity):
+    def _maxsim_score_documents(a, b, a_mask, b_mask):
+        if not _routable(a, b, a_mask, b_mask):
+            return original(a, b, a_mask, b_mask)
+        maxsim, _ = kernels()
+        q, q_mask = _query_side(a, a_mask)
+        d_mask = None if b_mask is None else b_mask.ne(0)
+        scores = maxsim(q, b, q_mask, d_mask)
+        if d_mask is not None:
+            scores = similarity._fill_empty_document_scores(scores, ~d_mask.any(dim=-1))
+        return scores
+
+    return functools.wraps(original)(_maxsim_score_documents)
+
+
+def _make_score_pairs(original, similarity):
+    def _maxsim_score_pairs(a, b, a_mask, b_mask):
+        if not _routable(a, b, a_mask, b_mask) or a.shape[0] != b.shape[0]:
+            return original(a, b, a_mask, b_mask)
+        _, maxsim_pairs = kernels()
+        q, q_mask = _query_side(a, a_mask)
+        d_mask = None if b_mask is None else b_mask.ne(0)
+        scores = maxsim_pairs(q, b, q_mask, d_mask)
+        if d_mask is not None:
+            scores = similarity._fill_empty_document_scores(scores, ~d_mask.any(dim=-1))
+        return scores
+
+    return functools.wraps(original)(_maxsim_score_pairs)
+
+
+_MAKERS = {
+    "_maxsim_score_documents": _make_score_documents,
+    "_maxsim_score_pairs": _make_score_pairs,
+}
+
+
+def patch_sentence_transformers() -> bool:
+    """Route Sentence Transformers' MaxSim scoring through the fused kernels (see the module
+    docstring).
+
+    Idempotent; undone exactly by :func:`unpatch_sentence_transformers`. Returns whether the patch
+    is in place (``False`` when ``LATE_INTERACTION_KERNELS_DISABLE_PATCH=1``).
+
+    Raises:
+        ImportError: sentence-transformers is not installed.
+        UnsupportedVersionError: the installed version is outside ``>=6.2,<7``.
+    """
+    if patching_disabled():
+        logger.info(
+            "late-interaction-kernels: Sentence Transformers patch disabled by the environment"
+        )
+        return False
+    found = installed_version("sentence-transformers", minimum=MINIMUM_VERSION, below=BELOW_VERSION)
+    if _patches.active:
+        return True
+    similarity = importlib.import_module(_SIMILARITY)
+    try:
+        for name, make in _MAKERS.items():
+            _patches.replace(similarity, name, make(getattr(similarity, name), similarity))
+        _patches.summary.append("routed " + ", ".join(f"util.similarity.{n}" for n in _MAKERS))
+    except Exception:
+        _patches.restore()
+        raise
+    _patches.log("Sentence Transformers", found)
+    return True
+
+
+def unpatch_sentence_transformers() -> None:
+    """Restore every object :func:`patch_sentence_transformers` replaced (a no-op when not
+    patched)."""
+    if _patches.active:
+        _patches.restore()
+        logger.info("late-interaction-kernels: Sentence Transformers unpatched")
+
+
+def is_patched() -> bool:
+    return _patches.active

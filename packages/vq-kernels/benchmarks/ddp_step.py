@@ -1,0 +1,195 @@
+"""A residual-VQ training step under data parallelism: 3 levels x 1024 codes x 64 dims, 65,536 rows
+per rank (weak scaling: each rank its own rows, EMA statistics summed over the group). Launch once
+with one process and once with two, and compare the step times:
+
+    python3 -m torch.distributed.run --nproc_per_node=1 packages/vq-kernels/benchmarks/ddp_step.py --out vq1.json
+    python3 -m torch.distributed.run --nproc_per_node=2 packages/vq-kernels/benchmarks/ddp_step.py --out vq2.json
+
+The step is what a user runs: the module's forward (search, losses, EMA update of every level)
+on bf16 encoder output, then the loss's backward. One process runs it without a process group
+(the single-GPU step); several pass the group. Records: GPU time per step (median of CUDA-event
+timings over a fixed number of steps, the same on every rank: ``do_bench`` picks its repeat count
+per process, and ranks that run different numbers of collectives deadlock), wall time per step,
+the statistics all-reduce alone, and checks that the ranks hold identical state and equal one
+process on the concatenated batch (gathered to rank 0). ``--tiny``: small shapes on CPU (gloo).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from vq_kernels import ResidualVQ
+
+
+def _args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="JSON file written by rank 0")
+    p.add_argument("--rows", type=int, default=65536, help="rows per rank")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    p.add_argument("--steps", type=int, default=200, help="timed steps")
+    p.add_argument("--tiny", action="store_true", help="small shapes on the CPU (gloo)")
+    return p.parse_args()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(fn, steps: int, device: torch.device) -> tuple[float, float]:
+    """(median GPU ms per call from CUDA events, wall ms per call); the same count on every rank."""
+    for _ in range(max(steps // 10, 3)):
+        fn()
+    _sync(device)
+    dist.barrier()
+    per_call = []
+    if device.type == "cuda":
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(steps)
+        ]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        _sync(device)
+        per_call = [start.elapsed_time(end) for start, end in events]
+    dist.barrier()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    _sync(device)
+    wall = (time.perf_counter() - t0) * 1e3 / steps
+    return (statistics.median(per_call) if per_call else wall), wall
+
+
+def _module(dim, codes, levels, group, device):
+    torch.manual_seed(0)
+    return ResidualVQ(dim, codes, levels, process_group=group).to(device)
+
+
+def main() -> None:
+    args = _args()
+    backend = "gloo" if args.tiny or not torch.cuda.is_available() else "nccl"
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if backend == "nccl":
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+        dist.init_process_group(backend, device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    levels, codes, dim = (2, 16, 8) if args.tiny else (3, 1024, 64)
+    rows = 48 if args.tiny else args.rows
+    steps = 3 if args.tiny else args.steps
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    if device.type == "cpu" and dtype != torch.float32:
+        dtype = torch.float32  # the interpreter's bf16 dot is wrong (NOTES.md); CPU runs fp32
+    group = dist.group.WORLD if world > 1 else None
+
+    # each rank's rows; rank r's are the r-th block of one global batch
+    g = torch.Generator().manual_seed(0)
+    full = torch.randn(world * rows, dim, generator=g)
+    x = full[rank * rows : (rank + 1) * rows].to(device, dtype).requires_grad_()
+    vq = _module(dim, codes, levels, group, device)
+
+    def step(module=vq):
+        out = module(x)
+        loss = out.quantized.float().square().mean() + out.loss
+        loss.backward()
+        return loss
+
+    records = {}
+    records["step"] = dict(zip(("gpu_ms", "wall_ms"), _time(step, steps, device)))
+    if world == 1:
+        # the group path with nobody to talk to: what the kernels alone cost on that path
+        grouped = _module(dim, codes, levels, dist.group.WORLD, device)
+        records["step, group of one"] = dict(
+            zip(("gpu_ms", "wall_ms"), _time(lambda: step(grouped), steps, device))
+        )
+    flat = torch.zeros(levels * codes * (2 * dim + 1), device=device)
+    records["statistics all-reduce alone"] = dict(
+        zip(("gpu_ms", "wall_ms"), _time(lambda: dist.all_reduce(flat), steps, device))
+    )
+    records["statistics all-reduce alone"]["bytes"] = flat.numel() * flat.element_size()
+
+    checks = _checks(full, rows, levels, codes, dim, group, device, dtype, rank, world)
+    if rank == 0:
+        result = {
+            "benchmark": "vq-kernels ddp_step",
+            "command": " ".join(sys.argv),
+            "world_size": world,
+            "backend": backend,
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "torch": torch.__version__,
+            "shape": {"rows_per_rank": rows, "L": levels, "K": codes, "D": dim},
+            "dtype": str(dtype),
+            "steps": steps,
+            "records": records,
+            "checks": checks,
+        }
+        try:
+            import triton
+
+            result["triton"] = triton.__version__
+        except ImportError:
+            pass
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+        print(
+            f"vq ddp_step: world {world}, {rows} rows/rank, L={levels} K={codes} D={dim}, {dtype}"
+        )
+        for name, r in records.items():
+            print(f"  {name:32s} gpu {r['gpu_ms']:8.4f} ms   wall {r['wall_ms']:8.4f} ms")
+        print(f"  checks: {checks}")
+    dist.destroy_process_group()
+
+
+def _checks(full, rows, levels, codes, dim, group, device, dtype, rank, world) -> dict:
+    """Three steps from the same start: ranks identical; rank 0 against one process on the
+    concatenated batch (no restarts, so the restart rows, drawn from rank 0's rows alone, do
+    not enter the comparison)."""
+    x = full[rank * rows : (rank + 1) * rows].to(device, dtype)
+    vq = ResidualVQ(dim, codes, levels, dead_threshold=None, process_group=group).to(device)
+    torch.manual_seed(1)
+    vq.load_state_dict(ResidualVQ(dim, codes, levels).state_dict())
+    for _ in range(3):
+        vq(x)
+    _sync(device)
+    state = [t.detach() for t in vq.state_dict().values()]
+    mismatch = torch.zeros((), device=device)
+    for t in state:
+        mine = t.clone()
+        dist.broadcast(mine, src=0)
+        mismatch += (mine != t).sum()
+    dist.all_reduce(mismatch)
+    out = {"ranks_identical": bool(mismatch.item() == 0)}
+    if rank == 0:
+        single = ResidualVQ(dim, codes, levels, dead_threshold=None).to(device)
+        torch.manual_seed(1)
+        single.load_state_dict(ResidualVQ(dim, codes, levels).state_dict())
+        everything = full.to(device, dtype)
+        for _ in range(3):
+            single(everything)
+        diffs = [
+            (a.double() - b.double()).abs().max().item()
+            for a, b in zip(vq.state_dict().values(), single.state_dict().values())
+            if a.is_floating_point()
+        ]
+        out["max_abs_diff_vs_one_process"] = max(diffs)
+        out["equal_to_one_process"] = max(diffs) <= 1e-3
+    return out
+
+
+if __name__ == "__main__":
+    main()
