@@ -123,8 +123,8 @@ def test_ddp_rank_that_raises_ends_the_run():
 
 
 @pytest.mark.gpu
+@pytest.mark.multigpu
 @pytest.mark.timeout(300)
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_ddp_on_two_gpus_with_nccl():
     from tomo_kplanes.distributed import launch_local, phantom_worker
 
