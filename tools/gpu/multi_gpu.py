@@ -35,6 +35,8 @@ JOBS: dict[str, tuple[Path, int, list[str], int]] = {
     "vq-ddp-2": (VQ / "ddp_step.py", 2, [], 180),
     "tomo-ddp-1": (TOMO / "ddp_step.py", 1, [], 180),
     "tomo-ddp-2": (TOMO / "ddp_step.py", 2, [], 180),
+    "tomo-ddp-8k-1": (TOMO / "ddp_step.py", 1, ["--rays", "8192", "--steps", "100"], 180),
+    "tomo-ddp-8k-2": (TOMO / "ddp_step.py", 2, ["--rays", "8192", "--steps", "100"], 180),
 }
 
 #: Scripts that only run under torchrun (``tools/gpu/run.py`` leaves them to this runner).

@@ -34,6 +34,7 @@ def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True, help="JSON file written by rank 0")
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--rays", type=int, default=1024, help="rays per step (the global batch)")
     p.add_argument("--tiny", action="store_true", help="small shapes on the CPU (gloo)")
     return p.parse_args()
 
@@ -71,7 +72,7 @@ def main() -> None:
             200,
             32,
             4,
-            1024,
+            args.rays,
             200,
             10_000,
             args.steps,
