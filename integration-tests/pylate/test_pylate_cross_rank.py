@@ -82,7 +82,8 @@ def _worker(rank, world_size):
 
 
 def test_gathering_losses_route_across_ranks_with_pylates_gradients():
-    for rank, out in enumerate(run_ranks(_worker, 2)):
+    routed = {"LATE_INTERACTION_KERNELS_CROSS_RANK": "1"}  # the route is opt-in
+    for rank, out in enumerate(run_ranks(_worker, 2, env=routed)):
         for name, r in out.items():
             assert r["routed"] == 1, (rank, name, r["routed"])
             for got in (r["got"], r["restored"]):

@@ -75,6 +75,12 @@ def step_across_ranks(Q, D):
     return (loss, *torch.autograd.grad(loss, (Q, D)))
 
 
+def step_across_ranks_uniform(Q, D):
+    scores, offset = maxsim_across_ranks(Q, D, normalize=False, return_offset=True, uniform=True)
+    loss = _loss(scores, offset)
+    return (loss, *torch.autograd.grad(loss, (Q, D)))
+
+
 def step_all_gather_with_grad(Q, D):
     docs = torch.cat(dist_nn.all_gather(D))
     loss = _loss(maxsim(Q, docs, normalize=False), dist.get_rank() * D.shape[0])
@@ -218,6 +224,7 @@ def main() -> None:
     results: dict = {"per_rank": {}}
     for name, step in (
         ("across_ranks", step_across_ranks),
+        ("across_ranks_uniform", step_across_ranks_uniform),
         ("all_gather_with_grad", step_all_gather_with_grad),
     ):
         record = time_collective(lambda s=step: s(Q, D), device, warmup, iters)
@@ -247,6 +254,7 @@ def main() -> None:
         local, same = results["single_local"], results["single_same_compute"]
         summary = {
             "across_ranks_ms": step_ms["across_ranks"],
+            "across_ranks_uniform_ms": step_ms["across_ranks_uniform"],
             "all_gather_with_grad_ms": step_ms["all_gather_with_grad"],
             "single_local_ms": local["median_ms"],
             "single_same_compute_ms": same["median_ms"],
@@ -277,7 +285,7 @@ def main() -> None:
             json.dump(record, f, indent=2)
         print(f"{world} ranks, {record['environment']['device']}, {dtype}, per rank {shape}")
         print(f"{'step':<34}{'median ms':>10}{'wall ms':>10}")
-        for name in ("across_ranks", "all_gather_with_grad"):
+        for name in ("across_ranks", "across_ranks_uniform", "all_gather_with_grad"):
             print(f"{name + ' (slowest rank)':<34}{step_ms[name]:>10.3f}{wall_ms[name]:>10.3f}")
         for name in ("single_local", "single_same_compute"):
             r = results[name]

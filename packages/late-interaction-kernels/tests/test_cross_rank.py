@@ -124,6 +124,8 @@ def _worker(rank, world_size):
 
     even = _batch(EVEN, torch.float16, seed=2)
     out["even_fp16"] = _errors_of(rank, even, False, torch.float16)
+    # every rank passes the same shapes: no size exchange, the same results
+    out["even_uniform"] = _errors_of(rank, even, False, torch.float16, uniform=True)
 
     # the same gradients as gathering with torch.distributed.nn.all_gather, as PyLate and
     # sentence-transformers do, and scoring the gathered documents
@@ -158,14 +160,14 @@ def _worker(rank, world_size):
 def test_across_ranks_equals_one_process_on_the_concatenated_batch():
     results = run_ranks(_worker, 3)
     for rank, out in enumerate(results):
-        for case in ("uneven", "uneven_lowmem", "even_fp16"):
+        for case in ("uneven", "uneven_lowmem", "even_fp16", "even_uniform"):
             errors = out[case]
             assert errors["dtype"] == "torch.float32"
-            tol = 2e-3 if case == "even_fp16" else TOL
+            tol = 2e-3 if case.startswith("even") else TOL
             for key in ("scores", "grad_Q", "grad_D"):
                 assert errors[key] < tol, (rank, case, key, errors)
         assert out["uneven"]["offset"] == [0, 2, 5][rank]
-        assert out["even_fp16"]["offset"] == 2 * rank
+        assert out["even_fp16"]["offset"] == out["even_uniform"]["offset"] == 2 * rank
         torch.testing.assert_close(out["no_grad_scores"], out["no_grad_ref"], rtol=TOL, atol=TOL)
         assert max(out["vs_all_gather"]) < 1e-5, (rank, out["vs_all_gather"])
         assert out["frozen_q_grad_D"] == (2, 4, DIM)

@@ -68,6 +68,7 @@ def maxsim_across_ranks(
     backward: str | None = "auto",
     backend: str | None = None,
     return_offset: bool = False,
+    uniform: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, int]:
     """This rank's queries against the documents of every rank of ``group``.
 
@@ -85,6 +86,11 @@ def maxsim_across_ranks(
             with one rank, this is :func:`~late_interaction_kernels.maxsim` on the local batch.
         normalize, backward, backend: as in :func:`~late_interaction_kernels.maxsim`.
         return_offset: also return the column of this rank's first document.
+        uniform: promise that every rank passes the same shapes (``Nd``, ``Ld``, ``d``), dtype,
+            ``normalize``, ``d_mask`` presence and ``requires_grad``, as a fixed-size training
+            batch does. The size exchange (one small collective and one host read per call) is
+            skipped, so the call never waits for the GPU; a rank that breaks the promise makes the
+            collectives wait or fail, and a bad argument raises on its rank only.
 
     Returns:
         float32 scores ``(Nq, Nd_total)`` (float64 for float64 inputs); column ``j`` is row ``j``
@@ -105,7 +111,10 @@ def maxsim_across_ranks(
         return (scores, 0) if return_offset else scores
     grad = torch.is_grad_enabled()
     info, error = _local_info(Q, D, q_mask, d_mask, normalize, grad)
-    layout = _agree(info, error, D if isinstance(D, torch.Tensor) else None, group)
+    if uniform:
+        layout = _uniform_layout(info, error, group)
+    else:
+        layout = _agree(info, error, D if isinstance(D, torch.Tensor) else None, group)
     config = (layout, group, normalize, backward, backend)
     if grad and (Q.requires_grad or D.requires_grad):
         scores = _CrossRankMaxSim.apply(Q, D, q_mask, d_mask, config)
@@ -218,6 +227,25 @@ def _agree(info: list[int], error: str, D: torch.Tensor | None, group) -> _Layou
         )
     gather_mask = any(f["d_mask"] for f in fields) or len(set(ld)) > 1
     return _Layout(rank, world, nd, ld, max(nd), max(ld), gather_mask, d_grad)
+
+
+def _uniform_layout(info: list[int], error: str, group) -> _Layout:
+    """The layout of a call whose shapes every rank promised to share: built from this rank's
+    own sizes, with no exchange."""
+    if error:
+        raise (TypeError if error.startswith("TypeError") else ValueError)(
+            f"maxsim_across_ranks: {error.split(': ', 1)[1]}"
+        )
+    mine = dict(zip(_FIELDS, info, strict=True))
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if mine["d_grad"] and mine["nd"] > 0 and mine["ld"] == 0:
+        raise ValueError(
+            "maxsim_across_ranks: documents of zero length (Ld=0) while gradients are required; "
+            "drop empty documents or mask them with d_mask"
+        )
+    nd, ld = (mine["nd"],) * world, (mine["ld"],) * world
+    return _Layout(rank, world, nd, ld, mine["nd"], mine["ld"], bool(mine["d_mask"]),
+                   bool(mine["d_grad"]))  # fmt: skip
 
 
 def _padded(x: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:

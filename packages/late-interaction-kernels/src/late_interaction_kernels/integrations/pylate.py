@@ -17,11 +17,13 @@ PyLate's mask rule is kept: a masked query token adds 0, a masked document token
 the max with similarity 0 (PyLate multiplies the similarities by the mask), so the scores equal
 the original ones.
 
-With ``gather_across_devices=True`` in a process group of several ranks, ``Contrastive.forward``
-and ``CachedContrastive.calculate_loss`` (PyLate gathers the documents with
+With ``gather_across_devices=True`` in a process group of several ranks and
+``LATE_INTERACTION_KERNELS_CROSS_RANK=1``, ``Contrastive.forward`` and
+``CachedContrastive.calculate_loss`` (PyLate gathers the documents with
 ``all_gather_with_gradients`` there and scores the gathered batch) score through
-:func:`~late_interaction_kernels.maxsim_across_ranks` instead: the same loss and gradients, with the
-gather overlapped with the local scoring and half of the backward's communication. Both score all
+:func:`~late_interaction_kernels.maxsim_across_ranks` instead: the same loss and gradients. The
+route is opt-in because on two H100s at PyLate's shape it was measured slower than PyLate's own
+gather followed by the patched (fused) scoring, which is what runs by default. Both score all
 queries in one call (``score_mini_batch_size`` only bounds the einsum intermediates the fused
 kernels never build). Custom ``score_metric`` objects keep PyLate's code.
 """
@@ -51,6 +53,9 @@ MINIMUM_VERSION = "1.5.1"
 BELOW_VERSION = "2"
 
 _patches = PatchSet("pylate")
+
+#: Opt-in switch of the cross-rank route of the gathering losses (see the module docstring).
+CROSS_RANK_ENV_VAR = "LATE_INTERACTION_KERNELS_CROSS_RANK"
 
 # modules that bind the scoring functions at import time; imported before patching so that a
 # later import cannot keep an unpatched copy
@@ -185,6 +190,8 @@ def _gathers_with_kernels(loss_obj, device: torch.device) -> bool:
     a device where the kernels run. The same answer on every rank (the same settings and device
     type), as it must be: it decides which collectives run."""
     if not getattr(loss_obj, "gather_across_devices", False):
+        return False
+    if os.environ.get(CROSS_RANK_ENV_VAR, "").strip().lower() not in ("1", "true", "yes", "on"):
         return False
     import torch.distributed as dist
 
