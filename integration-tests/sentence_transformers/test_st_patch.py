@@ -107,11 +107,18 @@ def test_uneven_lists_zero_rows_and_colbert_scoring(rng, kernel_calls):
     padded[0, 3:] = 0
     grouped = torch.randn(2, 3, 5, 8, generator=rng)  # (Q_doc, N, tokens, dim)
     grouped[1, 2, 4:] = 0
-    for fn in (scoring.colbert_scores, scoring.colbert_kd_scores):
-        (ref, ref_grads), (got, grads) = _both(fn, padded, grouped)
-        assert_close(got, ref, dtype=torch.float32, name=fn.__name__)
+    grouped[0, 1] = 0  # a candidate without a token: the library's sentinel score
+    q_mask = torch.tensor([[True, True, False, True, False], [True] * 5])
+    d_mask = grouped.ne(0).any(dim=-1).float()
+    for fn, kwargs in (
+        (lambda a, b: scoring.colbert_scores(a, b), {}),
+        (lambda a, b: scoring.colbert_kd_scores(a, b), {}),
+        (lambda a, b: scoring.mean_colbert_kd_scores(a, b, q_mask, d_mask), {}),
+    ):
+        (ref, ref_grads), (got, grads) = _both(fn, padded, grouped, **kwargs)
+        assert_close(got, ref, dtype=torch.float32, name="colbert scoring")
         for g, r in zip(grads, ref_grads):
-            assert_close(g, r, dtype=torch.float32, name=f"{fn.__name__} grad")
+            assert_close(g, r, dtype=torch.float32, name="colbert scoring grad")
     assert kernel_calls["maxsim"] >= 3
 
 
@@ -128,12 +135,17 @@ def test_unrouted_inputs_keep_the_library_code(rng, kernel_calls):
 
 
 def test_patch_is_idempotent_and_unpatches_by_identity(monkeypatch):
+    from sentence_transformers.multi_vector_encoder.losses import distill_kl_div
+
     before = {name: getattr(similarity, name) for name in PATCHED}
+    kd = scoring.colbert_kd_scores
     assert st_patch.patch_sentence_transformers() is True
     assert st_patch.patch_sentence_transformers() is True
     assert all(getattr(similarity, name) is not before[name] for name in PATCHED)
+    assert scoring.colbert_kd_scores is not kd and distill_kl_div.colbert_kd_scores is not kd
     lik.unpatch_sentence_transformers()
     assert all(getattr(similarity, name) is before[name] for name in PATCHED)
+    assert scoring.colbert_kd_scores is kd and distill_kl_div.colbert_kd_scores is kd
     assert not st_patch.is_patched()
     monkeypatch.setenv("LATE_INTERACTION_KERNELS_DISABLE_PATCH", "1")
     assert lik.patch_sentence_transformers() is False and not st_patch.is_patched()
@@ -198,6 +210,7 @@ def test_training_losses_match_the_library(encoder, loss_name, kernel_calls):
         labels = torch.tensor([[3.0, 1.0], [2.5, 0.5], [1.0, 1.2]])
     ref_loss, ref_grads = _loss_and_grads(model, loss_fn, features, labels)
     st_patch.patch_sentence_transformers()
+    loss_fn = cls(model, **kwargs)  # built after patching, as the README says
     loss, grads = _loss_and_grads(model, loss_fn, features, labels)
     st_patch.unpatch_sentence_transformers()
     assert sum(kernel_calls.values()) > 0, "the loss did not reach the kernels"

@@ -70,7 +70,8 @@ def similarity_case(n_docs, device, dtype):
 
 
 def distill_case(batch, device, dtype):
-    from sentence_transformers.multi_vector_encoder.scoring import colbert_kd_scores
+    # looked up per call: the patch replaces the module's binding
+    from sentence_transformers.multi_vector_encoder import scoring
 
     q, q_mask = _embeddings(batch, 32, 128, 32, device, dtype, grad=True)
     d, d_mask = _embeddings(batch * 32, 180, 128, 135, device, dtype, grad=True)
@@ -78,7 +79,7 @@ def distill_case(batch, device, dtype):
     teacher = torch.randn(batch, 32, device=device).log_softmax(-1)
 
     def step():
-        scores = colbert_kd_scores(q, docs, queries_mask=q_mask, documents_mask=docs_mask)
+        scores = scoring.colbert_kd_scores(q, docs, queries_mask=q_mask, documents_mask=docs_mask)
         F.kl_div(scores.log_softmax(-1), teacher, log_target=True, reduction="batchmean").backward()
         q.grad = d.grad = None
 

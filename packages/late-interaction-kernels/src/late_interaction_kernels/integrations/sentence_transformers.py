@@ -8,6 +8,9 @@ Patched (sentence-transformers >=6.2,<7): the two chunk scorers of
 and the ``colbert_*`` scoring functions that the multi-vector losses default to (multiple
 negatives ranking, its cached variant, MarginMSE, KL distillation), forward and backward, without
 touching the library's chunking, padding, length normalisation or empty-document handling.
+``colbert_kd_scores`` (the distillation loss's scorer, which the library runs one candidate
+column at a time) is replaced too, by one 4-D call, wherever a module bound it at import.
+Build losses after patching: a loss object keeps the scorer it was built with.
 
 A chunk runs the kernels when its tensors sit where the kernels run (CUDA, or CPU under
 ``TRITON_INTERPRET=1``) in one floating dtype other than float64; anything else keeps the
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 
 import torch
 
@@ -31,6 +35,13 @@ BELOW_VERSION = "7"
 
 _patches = PatchSet("sentence-transformers")
 _SIMILARITY = "sentence_transformers.util.similarity"
+_COLBERT = "sentence_transformers.multi_vector_encoder.scoring.colbert"
+# modules that bind colbert_kd_scores at import time; imported before patching so that a later
+# import cannot keep an unpatched copy
+_DEPENDENT_MODULES = (
+    "sentence_transformers.multi_vector_encoder.scoring",
+    "sentence_transformers.multi_vector_encoder.losses.distill_kl_div",
+)
 
 
 def _routable(a: torch.Tensor, b: torch.Tensor, a_mask, b_mask) -> bool:
@@ -83,6 +94,49 @@ def _make_score_pairs(original, similarity):
     return functools.wraps(original)(_maxsim_score_pairs)
 
 
+def _make_kd_scores(original, similarity):
+    """``colbert_kd_scores`` (each query against its own ``n_ways`` candidates) in one 4-D
+    ``maxsim`` call; the library scores the candidates one column at a time."""
+
+    def colbert_kd_scores(
+        queries_embeddings,
+        documents_embeddings,
+        queries_mask=None,
+        documents_mask=None,
+        chunk_elements=None,
+        length_normalize=False,
+    ):
+        q, d = queries_embeddings, documents_embeddings
+        if not (
+            isinstance(q, torch.Tensor)
+            and isinstance(d, torch.Tensor)
+            and q.dim() == 3
+            and d.dim() == 4
+            and d.shape[0] == q.shape[0]
+            and q.shape[0] > 0
+            and d.shape[1] > 0
+            and _routable(q, d[:, 0], queries_mask, None)
+            and (documents_mask is None or documents_mask.device == q.device)
+        ):
+            return original(
+                q, d, queries_mask, documents_mask,
+                chunk_elements=chunk_elements, length_normalize=length_normalize,
+            )  # fmt: skip
+        maxsim, _ = kernels()
+        # the library's masks: given, or all-zero token rows are padding
+        a_mask = queries_mask if queries_mask is not None else q.ne(0).any(dim=-1).to(q.dtype)
+        d_mask = documents_mask.ne(0) if documents_mask is not None else d.ne(0).any(dim=-1)
+        queries, q_mask = _query_side(q, a_mask)
+        scores = maxsim(queries, d, q_mask, d_mask)
+        scores = similarity._fill_empty_document_scores(scores, ~d_mask.any(dim=-1))
+        if length_normalize:
+            counts = similarity._query_token_counts(q, queries_mask)
+            scores = scores / counts.to(device=scores.device, dtype=scores.dtype).unsqueeze(1)
+        return scores
+
+    return functools.wraps(original)(colbert_kd_scores)
+
+
 _MAKERS = {
     "_maxsim_score_documents": _make_score_documents,
     "_maxsim_score_pairs": _make_score_pairs,
@@ -109,10 +163,23 @@ def patch_sentence_transformers() -> bool:
     if _patches.active:
         return True
     similarity = importlib.import_module(_SIMILARITY)
+    colbert = importlib.import_module(_COLBERT)
+    for name in _DEPENDENT_MODULES:
+        importlib.import_module(name)
     try:
         for name, make in _MAKERS.items():
             _patches.replace(similarity, name, make(getattr(similarity, name), similarity))
-        _patches.summary.append("routed " + ", ".join(f"util.similarity.{n}" for n in _MAKERS))
+        # copies taken with ``from ... import colbert_kd_scores`` (the scoring package, the
+        # distillation loss's default) are the same object: swap them all
+        kd = colbert.colbert_kd_scores
+        kd_fast = _make_kd_scores(kd, similarity)
+        modules = [
+            m for n, m in list(sys.modules.items()) if n.startswith("sentence_transformers") and m
+        ]
+        _patches.swap_module_globals(modules, {id(kd): kd}, lambda _: kd_fast)
+        _patches.summary.append(
+            "routed " + ", ".join(f"util.similarity.{n}" for n in _MAKERS) + ", colbert_kd_scores"
+        )
     except Exception:
         _patches.restore()
         raise
