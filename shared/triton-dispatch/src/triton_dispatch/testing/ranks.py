@@ -91,13 +91,22 @@ def _child(
         )
         result = fn(rank, world_size, *args)
         torch.save(result, out + ".pt")
+        code = 0
     except BaseException:
         with open(out + ".err", "w") as f:
             f.write(traceback.format_exc())
-        raise SystemExit(1) from None
-    finally:
+        code = 1
+    try:
         if dist.is_initialized():
             dist.destroy_process_group()
+    except Exception:
+        pass  # the result or the error is already on disk
+    # Leave without the interpreter's finalisation: a communication thread still joinable when
+    # C++ static objects are destroyed aborts the process ("terminate called without an active
+    # exception") after the rank has finished its work.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _target(fn: Callable[..., Any]) -> tuple[str, str, str | None]:
