@@ -2,10 +2,11 @@
 ``torchrun`` on one and on two GPUs of this host, with results gathered into one JSON file.
 
     python3 tools/gpu/multi_gpu.py                        # everything, results in $OUT
-    python3 tools/gpu/multi_gpu.py --only lik-sharded-speed vq-ddp-1 vq-ddp-2 --skip-tests
+    python3 tools/gpu/multi_gpu.py --only lik-sharded-speed-1 vq-ddp-1 vq-ddp-2 --skip-tests
 
 Writes ``multigpu.json`` (each job's exit status, seconds and the JSON its script wrote) and
-``multigpu.log`` (every job's output) to the output folder, and prints a short table last.
+``multigpu.log`` (every job's output), with the tests' ``pytest.log`` and ``pytest.xml``, to the
+output folder, and prints a short table last.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import ROOT, device_line, environment
+from run import ROOT, device_line, environment, run_tests
 
 LIK = ROOT / "packages" / "late-interaction-kernels" / "benchmarks"
 VQ = ROOT / "packages" / "vq-kernels" / "benchmarks"
@@ -70,30 +71,6 @@ def run_job(name: str, out: Path, env: dict[str, str], log) -> dict:
     return {"job": name, "processes": nproc, "exit": status, "seconds": seconds, "result": result}
 
 
-def run_tests(env: dict[str, str], log) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-rfEs",
-        "-p",
-        "no:cacheprovider",
-        "-m",
-        "multigpu",
-    ]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    text = proc.stdout + proc.stderr
-    log.write(f"=== multigpu tests (exit {proc.returncode})\n{text}\n")
-    tail = text.strip().splitlines()[-1:] or [""]
-    return {
-        "exit": proc.returncode,
-        "seconds": round(time.perf_counter() - start, 1),
-        "result": tail[0],
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-results")))
@@ -106,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {summary['device']}", flush=True)
     with open(args.out / "multigpu.log", "w") as log:
         if not args.skip_tests:
-            summary["tests"] = run_tests(env, log)
+            summary["tests"] = run_tests(args.out, env, ["-m", "multigpu"], 300)
             print(f"tests: {summary['tests']}", flush=True)
         for name in args.only or list(JOBS):
             summary["jobs"].append(run_job(name, args.out, env, log))

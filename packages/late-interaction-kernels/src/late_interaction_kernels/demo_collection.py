@@ -104,8 +104,6 @@ ARTICLE_PASSAGES = 6
 _N_ARTICLES = -(-len(PASSAGES) // ARTICLE_PASSAGES)
 #: Article ``j`` holds passages ``j, j + n, j + 2n, ...`` (``n`` articles): neighbours in
 #: ``PASSAGES`` land in different articles.
-ARTICLES: tuple[str, ...] = tuple(
-    " ".join(PASSAGES[j::_N_ARTICLES]) for j in range(_N_ARTICLES)
-)
+ARTICLES: tuple[str, ...] = tuple(" ".join(PASSAGES[j::_N_ARTICLES]) for j in range(_N_ARTICLES))
 #: The article that holds each passage.
 ARTICLE_OF: tuple[int, ...] = tuple(i % _N_ARTICLES for i in range(len(PASSAGES)))

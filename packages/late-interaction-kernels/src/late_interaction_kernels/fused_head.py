@@ -48,7 +48,11 @@ def maxsim_from_hidden(
         raise ValueError("Q must be [Lq, d_out] or [Nq, Lq, d_out]")
     if not isinstance(H_d, torch.Tensor) or H_d.dim() != 3:
         raise ValueError("H_d must be [Nd, Ld, d_model]")
-    if not isinstance(W, torch.Tensor) or W.dim() != 2 or tuple(W.shape) != (Q.shape[-1], H_d.shape[-1]):
+    if (
+        not isinstance(W, torch.Tensor)
+        or W.dim() != 2
+        or tuple(W.shape) != (Q.shape[-1], H_d.shape[-1])
+    ):
         got = tuple(W.shape) if isinstance(W, torch.Tensor) else type(W).__name__
         raise ValueError(f"W must be [d_out={Q.shape[-1]}, d_model={H_d.shape[-1]}]; got {got}")
     scores = _from_hidden(

@@ -49,7 +49,9 @@ def maxsim_reference(
     """``(Nq, Nd)`` MaxSim of ``Q (Nq, Lq, d)`` against ``D (Nd, Ld, d)``; a 2-D ``Q`` or ``D``
     is one sequence and its axis is squeezed from the result. Masks may be bool or 0/1."""
     if Q.shape[-1] != D.shape[-1]:
-        raise ValueError(f"embedding dims don't match: Q has d={Q.shape[-1]}, D has d={D.shape[-1]}")
+        raise ValueError(
+            f"embedding dims don't match: Q has d={Q.shape[-1]}, D has d={D.shape[-1]}"
+        )
     q_squeeze, d_squeeze = Q.dim() == 2, D.dim() == 2
     Q = Q.unsqueeze(0) if q_squeeze else Q
     D = D.unsqueeze(0) if d_squeeze else D

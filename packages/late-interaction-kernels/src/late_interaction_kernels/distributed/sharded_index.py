@@ -25,7 +25,7 @@ from triton_dispatch import select_backend, uses_triton
 from ..ops.maxsim import maxsim_unchecked
 from ..ops.maxsim_topk import CHUNK_SCORES, FUSED_MAX_QUERIES, MIN_CHUNK_SIZE
 from ..ops.maxsim_topk.launch import fused_topk, kernel_takes
-from ..ops.retrieve import DEFAULT_CHUNK_SIZE, MaxSimIndex
+from ..ops.retrieve import DEFAULT_CHUNK_SIZE, MaxSimIndex, _check_query_mask, _describe
 
 __all__ = ["ShardedMaxSimIndex"]
 
@@ -38,12 +38,6 @@ _NEG_INF_BITS = int(torch.tensor(float("-inf")).view(torch.int32))
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _FILE = "shard-{:05d}-of-{:05d}.pt"
 _FILE_RE = re.compile(r"shard-(\d{5})-of-(\d{5})\.pt$")
-
-
-def _describe(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
-    return f"a {type(x).__name__}"
 
 
 @dataclass
@@ -514,14 +508,7 @@ class ShardedMaxSimIndex:
             raise ValueError(f"Q has embedding width {Q.shape[-1]}, the documents have {self.dim}")
         if self.dtype is not None and Q.dtype != self.dtype:
             raise TypeError(f"Q must be {self.dtype} like the documents, got {Q.dtype}")
-        if q_mask is not None and (
-            not isinstance(q_mask, torch.Tensor)
-            or q_mask.dtype != torch.bool
-            or tuple(q_mask.shape) != tuple(Q.shape[:2])
-        ):
-            raise ValueError(
-                f"q_mask must be a bool tensor of shape {tuple(Q.shape[:2])}, got {_describe(q_mask)}"
-            )
+        _check_query_mask(Q, q_mask)
 
     @torch.no_grad()
     def topk(

@@ -233,7 +233,11 @@ def original_attribute(owner: Any, attr: str) -> Any:
     for patched, name, old in _patches.records:
         if patched is owner and name == attr:
             return old
-    return owner.__dict__[attr] if isinstance(owner, type) and attr in owner.__dict__ else getattr(owner, attr)
+    return (
+        owner.__dict__[attr]
+        if isinstance(owner, type) and attr in owner.__dict__
+        else getattr(owner, attr)
+    )
 
 
 @contextlib.contextmanager

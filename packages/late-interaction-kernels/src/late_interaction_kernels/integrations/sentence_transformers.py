@@ -64,34 +64,22 @@ def _query_side(a: torch.Tensor, a_mask: torch.Tensor | None):
     return a * a_mask.to(a.dtype).unsqueeze(-1), None
 
 
-def _make_score_documents(original, similarity):
-    def _maxsim_score_documents(a, b, a_mask, b_mask):
-        if not _routable(a, b, a_mask, b_mask):
+def _make_chunk_scorer(original, similarity, pairs: bool):
+    """``_maxsim_score_documents`` (every query against every document) or, with ``pairs``,
+    ``_maxsim_score_pairs`` (query ``i`` against document ``i``) on the fused kernels."""
+
+    def scorer(a, b, a_mask, b_mask):
+        if not _routable(a, b, a_mask, b_mask) or (pairs and a.shape[0] != b.shape[0]):
             return original(a, b, a_mask, b_mask)
-        maxsim, _ = kernels()
+        maxsim, maxsim_pairs = kernels()
         q, q_mask = _query_side(a, a_mask)
         d_mask = None if b_mask is None else b_mask.ne(0)
-        scores = maxsim(q, b, q_mask, d_mask)
+        scores = (maxsim_pairs if pairs else maxsim)(q, b, q_mask, d_mask)
         if d_mask is not None:
             scores = similarity._fill_empty_document_scores(scores, ~d_mask.any(dim=-1))
         return scores
 
-    return functools.wraps(original)(_maxsim_score_documents)
-
-
-def _make_score_pairs(original, similarity):
-    def _maxsim_score_pairs(a, b, a_mask, b_mask):
-        if not _routable(a, b, a_mask, b_mask) or a.shape[0] != b.shape[0]:
-            return original(a, b, a_mask, b_mask)
-        _, maxsim_pairs = kernels()
-        q, q_mask = _query_side(a, a_mask)
-        d_mask = None if b_mask is None else b_mask.ne(0)
-        scores = maxsim_pairs(q, b, q_mask, d_mask)
-        if d_mask is not None:
-            scores = similarity._fill_empty_document_scores(scores, ~d_mask.any(dim=-1))
-        return scores
-
-    return functools.wraps(original)(_maxsim_score_pairs)
+    return functools.wraps(original)(scorer)
 
 
 def _make_kd_scores(original, similarity):
@@ -137,10 +125,8 @@ def _make_kd_scores(original, similarity):
     return functools.wraps(original)(colbert_kd_scores)
 
 
-_MAKERS = {
-    "_maxsim_score_documents": _make_score_documents,
-    "_maxsim_score_pairs": _make_score_pairs,
-}
+#: the library's chunk scorers, and whether each scores aligned pairs
+_CHUNK_SCORERS = {"_maxsim_score_documents": False, "_maxsim_score_pairs": True}
 
 
 def patch_sentence_transformers() -> bool:
@@ -167,8 +153,9 @@ def patch_sentence_transformers() -> bool:
     for name in _DEPENDENT_MODULES:
         importlib.import_module(name)
     try:
-        for name, make in _MAKERS.items():
-            _patches.replace(similarity, name, make(getattr(similarity, name), similarity))
+        for name, pairs in _CHUNK_SCORERS.items():
+            scorer = _make_chunk_scorer(getattr(similarity, name), similarity, pairs)
+            _patches.replace(similarity, name, scorer)
         # copies taken with ``from ... import colbert_kd_scores`` (the scoring package, the
         # distillation loss's default) are the same object: swap them all
         kd = colbert.colbert_kd_scores
@@ -178,7 +165,9 @@ def patch_sentence_transformers() -> bool:
         ]
         _patches.swap_module_globals(modules, {id(kd): kd}, lambda _: kd_fast)
         _patches.summary.append(
-            "routed " + ", ".join(f"util.similarity.{n}" for n in _MAKERS) + ", colbert_kd_scores"
+            "routed "
+            + ", ".join(f"util.similarity.{n}" for n in _CHUNK_SCORERS)
+            + ", colbert_kd_scores"
         )
     except Exception:
         _patches.restore()

@@ -293,7 +293,17 @@ def _through_normalize_rows(acc, D, rows, row_ok, k, k_ok, dim):
 
 @triton.jit
 def _finish_grad_q_row(
-    GQP, GQ, Q, row, n_split, q_rows, dim, k, k_ok, NORMALIZE: tl.constexpr, BLOCK_K: tl.constexpr,
+    GQP,
+    GQ,
+    Q,
+    row,
+    n_split,
+    q_rows,
+    dim,
+    k,
+    k_ok,
+    NORMALIZE: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     BLOCK_S: tl.constexpr,
 ):
     """Row ``row`` of grad_Q: its ``n_split`` fp32 partial sums (``GQP``, ``(n_split, q_rows,
@@ -323,7 +333,9 @@ def _finish_grad_q_row(
     interpret_config=_INTERPRET_DENSE,
     do_bench=tuning_bench,
 )
-@triton.jit(do_not_specialize=["n_query", "n_doc", "lq", "ld", "rows_per_program", "n_split", "q_rows"])
+@triton.jit(
+    do_not_specialize=["n_query", "n_doc", "lq", "ld", "rows_per_program", "n_split", "q_rows"]
+)
 def maxsim_grad_d_dense_kernel(
     G,
     Q,

@@ -88,7 +88,9 @@ _FWD_CONFIGS = config_space(
     num_stages=[2, 3, 4],
     where=_forward_config_ok,
 )
-_FWD_DEFAULT = triton.Config({"BLOCK_Q": 32, "BLOCK_D": 64, "TILE_MAX": True}, num_warps=4, num_stages=3)
+_FWD_DEFAULT = triton.Config(
+    {"BLOCK_Q": 32, "BLOCK_D": 64, "TILE_MAX": True}, num_warps=4, num_stages=3
+)
 _FWD_INTERPRET = triton.Config(
     {"BLOCK_Q": 16, "BLOCK_D": 16, "TILE_MAX": True}, num_warps=4, num_stages=1
 )
@@ -317,7 +319,9 @@ def _forward_program(
 # Sizes that change from batch to batch are not specialised on: each new ``% 16`` or ``== 1`` class of
 # them compiled the kernel and its C launcher again (about a second per new shape on an H100), and
 # rows are addressed through ``dim``, whose divisibility stays specialised.
-@triton.jit(do_not_specialize=["d_bound", "n_doc", "lq", "ld", "chunk_len", "n_chunks", "LQ_BUCKET"])
+@triton.jit(
+    do_not_specialize=["d_bound", "n_doc", "lq", "ld", "chunk_len", "n_chunks", "LQ_BUCKET"]
+)
 def maxsim_fwd_kernel(
     Q,
     D,
@@ -388,7 +392,9 @@ _GROUP_CONFIGS = config_space(
     num_warps=[4, 8],
     num_stages=[2, 3],
 )
-_GROUP_DEFAULT = triton.Config({"BLOCK_Q": 64, "BLOCK_D": 64, "TILE_MAX": True}, num_warps=4, num_stages=3)
+_GROUP_DEFAULT = triton.Config(
+    {"BLOCK_Q": 64, "BLOCK_D": 64, "TILE_MAX": True}, num_warps=4, num_stages=3
+)
 _GROUP_INTERPRET = triton.Config(
     {"BLOCK_Q": 64, "BLOCK_D": 16, "TILE_MAX": True}, num_warps=4, num_stages=1
 )

@@ -313,7 +313,9 @@ def _launch(Q, D, sq, sd, q_mask, d_mask) -> torch.Tensor:
     scales = (sq.contiguous(), sd.contiguous())
     if use_tma:
         desc = _descriptor(Dc, bound)
-        fp8_maxsim_tma_kernel[grid](Qc, Dc, desc, *scales, qm, dm, partial, **bound, **_tma_options())
+        fp8_maxsim_tma_kernel[grid](
+            Qc, Dc, desc, *scales, qm, dm, partial, **bound, **_tma_options()
+        )
     else:
         fp8_maxsim_kernel[grid](Qc, Dc, *scales, qm, dm, partial, **bound)
     return out if query_blocks == 1 else torch.sum(partial.view(nq, query_blocks, nd), 1, out=out)

@@ -26,6 +26,10 @@ INDEX_FORMAT = 1
 def _check_queries(Q, q_mask) -> None:
     if not isinstance(Q, torch.Tensor) or Q.dim() != 3:
         raise ValueError(f"Q must be a (Nq, Lq, d) tensor, got {_describe(Q)}")
+    _check_query_mask(Q, q_mask)
+
+
+def _check_query_mask(Q: torch.Tensor, q_mask) -> None:
     if q_mask is not None and (
         not isinstance(q_mask, torch.Tensor)
         or q_mask.dtype != torch.bool
