@@ -47,7 +47,13 @@ import torch.nn.functional as F
 
 from late_interaction_kernels import maxsim, maxsim_across_ranks
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
-from triton_dispatch.bench import environment, median_ms, peak_memory_bytes, wall_ms_per_call
+from triton_dispatch.bench import (
+    environment,
+    median_ms,
+    peak_memory_bytes,
+    synchronize,
+    wall_ms_per_call,
+)
 
 FULL = dict(nq=128, lq=32, nd=128, ld=300, dim=128, warmup=10, iters=50)
 TINY = dict(nq=3, lq=4, nd=3, ld=6, dim=16, warmup=1, iters=3)
@@ -92,11 +98,6 @@ def step_single(Q, D):
     return (loss, *torch.autograd.grad(loss, (Q, D)))
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _per_call_ms(fn, device, iters: int) -> list[float]:
     """Each call between two CUDA events, the queue kept full (one synchronize at the end, as
     ``do_bench`` does); host time per call on the CPU."""
@@ -123,15 +124,15 @@ def time_collective(fn, device, warmup: int, iters: int) -> dict:
     """The same number of calls on every rank: per-call GPU time (events) and wall time."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    synchronize(device)
     dist.barrier()
     times = _per_call_ms(fn, device, iters)
     dist.barrier()
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    _sync(device)
+    synchronize(device)
     wall = (time.perf_counter() - t0) / iters * 1e3
     memory = peak_memory_bytes(fn, device=device)
     return {"median_ms": statistics.median(times), "wall_ms_per_call": wall, "peak_bytes": memory}
@@ -141,7 +142,7 @@ def time_single(fn, device, warmup: int, iters: int) -> dict:
     """One process alone: the same event loop as the collectives, plus ``do_bench``."""
     for _ in range(warmup):
         fn()
-    _sync(device)
+    synchronize(device)
     times = _per_call_ms(fn, device, iters)
     out = {
         "median_ms": statistics.median(times),

@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from late_interaction_kernels import ShardedMaxSimIndex
 from late_interaction_kernels.ops.maxsim_topk import maxsim_topk
+from triton_dispatch.bench import synchronize
 
 SHAPES = {
     "speed": {"docs": 200_000, "ld": 300, "dim": 128, "lq": 32, "k": 100, "batches": (32, 1)},
@@ -82,11 +83,6 @@ def _queries(nq: int, lq: int, dim: int, dtype, device, seed: int) -> torch.Tens
     return (Q / Q.norm(dim=-1, keepdim=True)).to(dtype)
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _fixed_bench(fn, device, calls: int) -> float:
     """Median ms of ``calls`` calls, each between CUDA events after an L2 flush (the host's clock
     on a CPU); the same count on every rank."""
@@ -110,11 +106,11 @@ def _fixed_bench(fn, device, calls: int) -> float:
 
 
 def _wall_ms(fn, device, calls: int) -> float:
-    _sync(device)
+    synchronize(device)
     start = time.perf_counter()
     for _ in range(calls):
         fn()
-        _sync(device)
+        synchronize(device)
     return (time.perf_counter() - start) / calls * 1e3
 
 
@@ -200,7 +196,7 @@ def run(mode: str, tiny: bool, device, dtype, calls: int) -> dict:
     run_peak = 0
     start = time.perf_counter()
     shard, lo = _generate_shard(n_docs, ld, dim, dtype, device)
-    _sync(device)
+    synchronize(device)
     generate_s = time.perf_counter() - start
     index = ShardedMaxSimIndex(shard, normalize=False)
     shard_bytes = shard.numel() * shard.element_size()
@@ -218,11 +214,11 @@ def run(mode: str, tiny: bool, device, dtype, calls: int) -> dict:
     }
     for i, nq in enumerate(shape["batches"]):
         Q = _queries(nq, lq, dim, dtype, device, seed=SEED + 10**6 + i)
-        _sync(device)
+        synchronize(device)
         dist.barrier()
         t0 = time.perf_counter()
         scores, ids = index.topk(Q, k)
-        _sync(device)
+        synchronize(device)
         first = time.perf_counter() - t0
         fn = functools.partial(index.topk, Q, k)
         for _ in range(2):

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from tomo_kplanes.geometry import TiltGeometry, tilt_range
 from tomo_kplanes.objective import LossWeights
 from tomo_kplanes.train import ReconstructionConfig, reconstruct
+from triton_dispatch.bench import synchronize
 
 
 def _args() -> argparse.Namespace:
@@ -39,17 +40,12 @@ def _args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _run(series, geo, config, steps, device):
-    _sync(device)
+    synchronize(device)
     dist.barrier()
     t0 = time.perf_counter()
     result = reconstruct(series, geo, ReconstructionConfig(**{**config, "steps": steps}))
-    _sync(device)
+    synchronize(device)
     return time.perf_counter() - t0, result
 
 
@@ -105,13 +101,13 @@ def main() -> None:
     op = dist.ReduceOp.AVG if backend == "nccl" else dist.ReduceOp.SUM
     for _ in range(5):
         dist.all_reduce(flat, op=op)
-    _sync(device)
+    synchronize(device)
     dist.barrier()
     n = 3 if args.tiny else 100
     t0 = time.perf_counter()
     for _ in range(n):
         dist.all_reduce(flat, op=op)
-    _sync(device)
+    synchronize(device)
     records["gradient all-reduce alone"] = {
         "ms_per_step": (time.perf_counter() - t0) * 1e3 / n,
         "bytes": numel * flat.element_size(),

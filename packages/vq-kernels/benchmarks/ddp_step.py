@@ -26,6 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from triton_dispatch.bench import synchronize
 from vq_kernels import ResidualVQ
 
 
@@ -39,16 +40,11 @@ def _args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _time(fn, steps: int, device: torch.device) -> tuple[float, float]:
     """(median GPU ms per call from CUDA events, wall ms per call); the same count on every rank."""
     for _ in range(max(steps // 10, 3)):
         fn()
-    _sync(device)
+    synchronize(device)
     dist.barrier()
     per_call = []
     if device.type == "cuda":
@@ -60,14 +56,14 @@ def _time(fn, steps: int, device: torch.device) -> tuple[float, float]:
             start.record()
             fn()
             end.record()
-        _sync(device)
+        synchronize(device)
         per_call = [start.elapsed_time(end) for start, end in events]
     dist.barrier()
-    _sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     for _ in range(steps):
         fn()
-    _sync(device)
+    synchronize(device)
     wall = (time.perf_counter() - t0) * 1e3 / steps
     return (statistics.median(per_call) if per_call else wall), wall
 
@@ -165,7 +161,7 @@ def _checks(full, rows, levels, codes, dim, group, device, dtype, rank, world) -
     vq.load_state_dict(ResidualVQ(dim, codes, levels).state_dict())
     for _ in range(3):
         vq(x)
-    _sync(device)
+    synchronize(device)
     state = [t.detach() for t in vq.state_dict().values()]
     mismatch = torch.zeros((), device=device)
     for t in state:
