@@ -25,7 +25,13 @@ from triton_dispatch import select_backend, uses_triton
 from ..ops.maxsim import maxsim_unchecked
 from ..ops.maxsim_topk import CHUNK_SCORES, FUSED_MAX_QUERIES, MIN_CHUNK_SIZE
 from ..ops.maxsim_topk.launch import fused_topk, kernel_takes
-from ..ops.retrieve import DEFAULT_CHUNK_SIZE, MaxSimIndex, _check_query_mask, _describe
+from ..ops.retrieve import (
+    DEFAULT_CHUNK_SIZE,
+    MaxSimIndex,
+    _check_query_mask,
+    _describe,
+    pad_documents,
+)
 
 __all__ = ["ShardedMaxSimIndex"]
 
@@ -62,11 +68,7 @@ class _Block:
                 mask = None if self.mask is None else self.mask[lo:hi]
                 yield self.start + lo, self.padded[lo:hi], mask
             else:
-                docs = self.docs[lo:hi]
-                lengths = torch.tensor([doc.shape[0] for doc in docs], device=docs[0].device)
-                padded = torch.nn.utils.rnn.pad_sequence(docs, batch_first=True)
-                mask = torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
-                yield self.start + lo, padded, mask
+                yield self.start + lo, *pad_documents(self.docs[lo:hi])
 
     def state(self, chunk_size: int, normalize: bool) -> dict:
         if self.padded is not None:

@@ -40,6 +40,15 @@ def _check_query_mask(Q: torch.Tensor, q_mask) -> None:
         )
 
 
+def pad_documents(docs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(padded (n, max L, d), bool mask (n, max L))`` of a non-empty list of ``(L_i, d)``
+    documents, the padding masked out."""
+    lengths = torch.tensor([doc.shape[0] for doc in docs], device=docs[0].device)
+    padded = torch.nn.utils.rnn.pad_sequence(list(docs), batch_first=True)
+    mask = torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
+    return padded, mask
+
+
 def _describe(x) -> str:
     if isinstance(x, torch.Tensor):
         return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
@@ -172,11 +181,7 @@ class MaxSimIndex:
                 mask = None if self.d_mask is None else self.d_mask[start:stop]
                 yield start, self._padded[start:stop], mask
             else:
-                docs = self._list[start:stop]
-                lengths = torch.tensor([doc.shape[0] for doc in docs], device=docs[0].device)
-                padded = torch.nn.utils.rnn.pad_sequence(docs, batch_first=True)
-                mask = torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
-                yield start, padded, mask
+                yield start, *pad_documents(self._list[start:stop])
 
     def _check(self, Q, q_mask) -> None:
         _check_queries(Q, q_mask)
