@@ -113,12 +113,14 @@ def child_maxsim(impl: str, warm_first: bool) -> dict:
 
 def _selection_summary(package: str) -> dict:
     from triton_dispatch import benchmark_count, tuned_kernels
+    from triton_dispatch.compile_ahead import submitted_count
 
     sources: dict[str, int] = {}
     for kernel in tuned_kernels(package):
         for source in kernel.sources.values():
             sources[source] = sources.get(source, 0) + 1
-    return {"benchmarks": benchmark_count(), "config_sources": sources}
+    return {"benchmarks": benchmark_count(), "config_sources": sources,
+            "compiled_ahead": submitted_count()}  # fmt: skip
 
 
 def child_tomo() -> dict:

@@ -3,6 +3,7 @@ for, and every call, hit or miss, equals the float64 reference and the uncached 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from late_interaction_kernels import maxsim
@@ -75,3 +76,33 @@ def test_training_calls_reuse_one_planned_autograd_node(rng):
         )  # fmt: skip
     # contiguous Q, then two strided Qs sharing one plan (the key holds contiguity, not strides)
     assert _MAXSIM_PLANS.misses == 2 and _MAXSIM_PLANS.hits >= 2
+
+
+@pytest.mark.parametrize("method", ["unified", "lowmem"])
+@pytest.mark.parametrize("layout, nq, nd, lq", [(0, 4, 6, 8), (2, 4, 4, 8), (0, 1, 3, 300), (0, 1, 40, 8)])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_backward_compiled_ahead_takes_each_launchs_arguments(method, layout, nq, nd, lq, normalize):
+    # off the GPU nothing compiles, but every launch a backward kind would run is handed its
+    # per-call arguments (a wrong count raises TypeError): dense, owner and atomic grad_D passes,
+    # the split grad_Q and its finishing pass, the normalize passes
+    from late_interaction_kernels.ops.maxsim.backward_plan import BackwardPlan
+    from triton_dispatch.launch import KernelLaunch
+
+    counted = []
+    original = KernelLaunch.compile_ahead
+
+    def count(self, *args):
+        counted.append(len(args) == len(self.free))
+        return original(self, *args)
+
+    pairs = nq * nd if layout == 0 else nq
+    plan = BackwardPlan(
+        layout, nq, nd, lq, nq * lq, pairs * 16 if layout else nd * 16, 32, torch.float16,
+        torch.device("cpu"), method, True, True, normalize,
+    )  # fmt: skip
+    KernelLaunch.compile_ahead = count
+    try:
+        plan.compile_ahead()
+    finally:
+        KernelLaunch.compile_ahead = original
+    assert counted and all(counted)

@@ -134,6 +134,7 @@ class ResidualVQ(nn.Module):
         self.deterministic, self.process_group, self.backend = deterministic, process_group, backend
         self.generator = generator
         self.fused = fused
+        self._updates_ahead: set[int] = set()  # batch sizes whose update compiles were started
 
         init = torch.randn(num_levels, codebook_size, dim)
         if ema:
@@ -241,9 +242,32 @@ class ResidualVQ(nn.Module):
         out = flat + (quantized - flat).detach()
         return out, codes_t, loss, torch.stack(inputs), codes_t.T
 
+    def _compile_update_ahead(self, flat: torch.Tensor) -> None:
+        # the first training step of a batch size compiles the search, then the update: start the
+        # update's compile now so the two overlap (a guess; a wrong one only costs the thread)
+        batch = flat.shape[0]
+        if (
+            torch.compiler.is_compiling()
+            or not (self.training and self.ema and flat.is_cuda)
+            or batch in self._updates_ahead
+            or self.process_group is not None
+            or self.semantics != "active_only"
+            or self.deterministic
+        ):
+            return
+        from .ops.ema_update.kernels import compile_update_ahead
+
+        self._updates_ahead.add(batch)
+        threshold = None if self.dead_threshold is None else float(self.dead_threshold)
+        compile_update_ahead(
+            flat.dtype, batch, self.codebook, self.cluster_size, self.embed_sum,
+            self.steps_since_active, self.decay, self.eps, threshold,
+        )  # fmt: skip
+
     def _fused(self, flat: torch.Tensor):
         """The fused path: every level, the straight-through output and both losses from
         :func:`residual_quantize`, inputs and codes already stacked for the EMA update."""
+        self._compile_update_ahead(flat)
         res = residual_quantize(
             flat,
             self.codebook,

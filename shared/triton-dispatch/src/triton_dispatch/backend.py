@@ -118,7 +118,7 @@ def select_backend(
         if interpreter_enabled() and triton_available() and device.type in ("cpu", "cuda"):
             return "interpret"
         if on_cuda and triton_available():
-            return "triton"
+            return _compiled_triton()
         return "torch"
     if request == "torch":
         return "torch"
@@ -149,6 +149,14 @@ def select_backend(
             f"backend='triton' needs CUDA tensors, got tensors on {device}; move them with .cuda(), "
             "set TRITON_INTERPRET=1 to run the kernels on CPU, or use backend='torch'"
         )
+    return _compiled_triton()
+
+
+def _compiled_triton() -> Backend:
+    # the first compiled call of a process is where Triton will build its launchers
+    from .host_build import install_fast_host_builds
+
+    install_fast_host_builds()
     return "triton"
 
 

@@ -41,6 +41,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
+from . import autotune_mode, compile_ahead
 from .backend import BACKEND_ENV_VAR, interpreter_enabled
 
 #: Set to ``0`` to build every call's plan afresh (no reuse).
@@ -280,20 +281,56 @@ class KernelLaunch:
 
         return through_launcher
 
-    def _through_triton(self, args: tuple) -> None:
+    def compile_ahead(self, *args: Any) -> None:
+        """Start compiling this launch on a background thread, for the per-call ``args`` a later
+        call will pass (tensors, or a ``torch.dtype`` in place of a tensor not made yet), so
+        that the first real call finds its kernel built (:mod:`triton_dispatch.compile_ahead`).
+        Does nothing where calls are not compiled (the interpreter, other devices), once a call
+        compiled, while autotuning is on, or with ``TRITON_DISPATCH_COMPILE_AHEAD=0``."""
+        self._check_count(args)
+        if not self.direct or self._compiled or not compile_ahead.compile_ahead_enabled():
+            return
+        package = getattr(self.kernel, "package", None)
+        if package is not None and autotune_mode.autotune_enabled(package):
+            return  # its trials run on the real arguments
+        compile_ahead.submit(_jit_function(self.kernel), lambda: self._compile_only(args))
+
+    def _compile_only(self, args: tuple) -> None:
+        with torch.cuda.device(self.device):
+            standins = tuple(
+                torch.empty(0, dtype=a, device=self.device) if isinstance(a, torch.dtype) else a
+                for a in args
+            )  # fmt: skip
+            positional, values = self._arguments(standins)
+            compiled = self.kernel.run(
+                *positional, grid=self.grid, warmup=True, **values, **self.options
+            )  # fmt: skip
+            init = getattr(compiled, "_init_handles", None)
+            if init is not None:  # the C launcher and the module load, off the launching thread
+                init()
+
+    def _check_count(self, args: tuple) -> None:
         if len(args) != len(self.free):
             raise TypeError(
                 f"expected {len(self.free)} per-call arguments ({', '.join(self.free)}), "
                 f"got {len(args)}"
             )
+
+    def _arguments(self, args: tuple) -> tuple[list, dict]:
         values = {**dict(zip(self.free, args)), **self.bound}
         positional = []
         for name in self.arg_names:  # the leading run of known parameters, in order
             if name not in values:
                 break
             positional.append(values.pop(name))
+        return positional, values
+
+    def _through_triton(self, args: tuple) -> None:
+        self._check_count(args)
+        positional, values = self._arguments(args)
         grid = self.grid
         if self.direct:
+            compile_ahead.wait_for(_jit_function(self.kernel))
             with torch.cuda.device(self.device):
                 compiled = self.kernel[grid](*positional, **values, **self.options)
             self._remember(compiled, args)

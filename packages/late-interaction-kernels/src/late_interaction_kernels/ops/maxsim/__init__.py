@@ -283,6 +283,11 @@ def _run(call: _Call, Q, D, q_mask, d_mask) -> torch.Tensor:
     return scores.view(out_shape)
 
 
+def _compiled_ahead(plan):
+    plan.compile_ahead()  # its kernels compile beside the forward's
+    return plan
+
+
 def _plan(call: _Call, Q, D, q_mask, d_mask):
     """The eager plan of a validated call on the Triton backend: inference binds the forward plan
     directly (views of contiguous inputs, one output allocation, one launch), training binds the
@@ -309,7 +314,7 @@ def _plan(call: _Call, Q, D, q_mask, d_mask):
             layout, nq, n_doc, lq, q_rows, d_rows, d, Q.dtype, Q.device, method,
             Q.requires_grad, D.requires_grad, normalize,
         )  # fmt: skip
-        backward = BACKWARD_PLANS.get(bmeta, lambda: BackwardPlan(*bmeta))
+        backward = BACKWARD_PLANS.get(bmeta, lambda: _compiled_ahead(BackwardPlan(*bmeta)))
         plans = (forward, backward, q_rows, d_rows, ld, out_shape)
         return lambda Q, D, q_mask, d_mask: PlannedMaxSim.apply(Q, D, q_mask, d_mask, plans)
     views = Q.is_contiguous() and D.is_contiguous()

@@ -205,6 +205,34 @@ class BackwardPlan:
             device=self.device,
         )
 
+    def compile_ahead(self) -> None:
+        """Compile this backward's launches on background threads while the forward compiles
+        (:mod:`triton_dispatch.compile_ahead`), for the padded layouts' arguments."""
+        if self.empty or self.layout in (VARLEN, VARLEN_ALL_PAIRS):
+            return
+        f32, dt, idx = torch.float32, self.dtype, torch.int32  # grads, inputs, argmax
+        if self.finish_q:
+            self.grad_q.compile_ahead(f32, dt, idx, f32, f32)
+            self.grad_d.compile_ahead(f32, dt, dt, idx, dt, f32, dt)
+            return
+        if self.need_q:
+            out = f32 if self.n_split > 1 else dt
+            self.grad_q.compile_ahead(f32, dt, idx, f32, out)
+            if self.normalize:
+                self.normalize_q.compile_ahead(out, dt, out)
+        if not self.need_d or self.d_rows == 0:
+            return
+        if self.method == "unified":
+            self.grad_d.compile_ahead(f32, dt, idx, f32, f32)
+            if self.normalize:
+                self.normalize_d.compile_ahead(f32, dt, f32)
+        elif self.dense:
+            self.grad_d.compile_ahead(f32, dt, dt, idx, dt, dt, dt)
+        else:  # the owner pass reads the argmax's inverse: sort order and row offsets (int64)
+            self.grad_d.compile_ahead(f32, dt, torch.int64, torch.int64, f32, dt)
+            if self.normalize:
+                self.normalize_d.compile_ahead(dt, dt, dt)
+
     def __call__(self, grad, Q2, D2, argmax, cu_q):
         if grad.dtype != torch.float32:
             grad = grad.to(torch.float32)

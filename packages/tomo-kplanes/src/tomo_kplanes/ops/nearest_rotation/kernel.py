@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from triton_dispatch import next_power_of_2
+from triton_dispatch.compile_ahead import backward_follows
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
 _NEWTON_STEPS = 12
@@ -258,6 +259,10 @@ class RotationPlan:
             options={"num_warps": 1},
         )
 
+    def compile_backward_ahead(self) -> None:
+        """Compile the backward on a background thread while the forward compiles."""
+        self.backward_launch.compile_ahead(*(self.dtype,) * 4)
+
     def forward(self, matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rot = torch.empty((self.t, 3, 3), dtype=self.dtype, device=self.device)
         sym = torch.empty_like(rot)
@@ -279,7 +284,14 @@ _PLANS: PlanCache[RotationPlan] = PlanCache("tomo_kplanes.nearest_rotation_kerne
 def rotation_plan(matrices: torch.Tensor) -> RotationPlan:
     """The cached plan of validated ``(T, 3, 3)`` matrices."""
     meta = (matrices.shape[0], matrices.stride(), matrices.dtype, matrices.device)
-    return _PLANS.get(meta, lambda: RotationPlan(*meta))
+
+    def build() -> RotationPlan:
+        plan = RotationPlan(*meta)
+        if backward_follows(matrices):
+            plan.compile_backward_ahead()
+        return plan
+
+    return _PLANS.get(meta, build)
 
 
 def nearest_rotation_triton(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

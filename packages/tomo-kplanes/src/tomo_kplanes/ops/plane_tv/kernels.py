@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from triton_dispatch import interpreter_enabled
+from triton_dispatch.compile_ahead import backward_follows
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
 
@@ -121,6 +122,14 @@ class PlaneTVPlan:
             options=warps,
         )
 
+    def compile_ahead(self, backward: bool) -> None:
+        """Compile the launches on background threads (the partial sums may come after another
+        op's kernel, the finishing pass after them, the backward later still)."""
+        self.partials.compile_ahead(self.dtype, self.dtype)
+        self.finish.compile_ahead(self.dtype, self.dtype)
+        if backward:
+            self.backward.compile_ahead(self.dtype, self.dtype, self.dtype)
+
     def forward(self, planes: torch.Tensor) -> torch.Tensor:
         partial = torch.empty(2 * self.programs, dtype=self.dtype, device=self.device)
         out = torch.empty((), dtype=self.dtype, device=self.device)
@@ -140,4 +149,10 @@ _PLANS: PlanCache[PlaneTVPlan] = PlanCache("tomo_kplanes.plane_tv_kernels")
 def plan_for(planes: torch.Tensor) -> PlaneTVPlan:
     """The launch plan of dense ``planes`` (validated by the caller)."""
     meta = (tuple(planes.shape), planes.stride(), planes.dtype, planes.device)
-    return _PLANS.get(meta, lambda: PlaneTVPlan(*meta))
+
+    def build() -> PlaneTVPlan:
+        plan = PlaneTVPlan(*meta)
+        plan.compile_ahead(backward=backward_follows(planes))
+        return plan
+
+    return _PLANS.get(meta, build)

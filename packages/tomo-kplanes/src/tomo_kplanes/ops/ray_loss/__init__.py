@@ -17,6 +17,7 @@ import math
 import torch
 
 from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch.compile_ahead import backward_follows
 from triton_dispatch.launch import PlanCache, call_key
 
 from .reference import apply_constraints, ray_loss_reference, volume_tv_from_taps
@@ -147,7 +148,7 @@ def _kernels(tensors, settings):
     taps = (densities.shape[0] - b * s) // 4
     return plan_for(
         b, s, taps, points.stride(), densities.dtype, densities.device, plane_tv is not None,
-        *settings,
+        *settings, backward=backward_follows(densities, plane_tv),
     )  # fmt: skip
 
 

@@ -298,6 +298,13 @@ class RayLossPlan:
             for terms_grad in (False, True)
         }
 
+    def compile_ahead(self, backward: bool) -> None:
+        """Compile the finishing pass, and the backward when one follows (of a loss whose terms
+        are only logged), on background threads while the forward compiles."""
+        self.finish_launch.compile_ahead(*(self.dtype,) * 4)
+        if backward:
+            self.backward_launches[False].compile_ahead(*(self.dtype,) * 8)
+
     def forward(self, densities, points, steps, target, plane_tv):
         """``(total, terms, residuals)``."""
         new = torch.empty
@@ -324,6 +331,13 @@ class RayLossPlan:
 _PLANS: PlanCache[RayLossPlan] = PlanCache("tomo_kplanes.ray_loss_kernels")
 
 
-def plan_for(*meta) -> RayLossPlan:
-    """The launch plan of one kind of validated call (see :class:`RayLossPlan`)."""
-    return _PLANS.get(meta, lambda: RayLossPlan(*meta))
+def plan_for(*meta, backward: bool = False) -> RayLossPlan:
+    """The launch plan of one kind of validated call (see :class:`RayLossPlan`); ``backward``:
+    a backward will follow the first call (its kernel is compiled ahead)."""
+
+    def build() -> RayLossPlan:
+        plan = RayLossPlan(*meta)
+        plan.compile_ahead(backward)
+        return plan
+
+    return _PLANS.get(meta, build)

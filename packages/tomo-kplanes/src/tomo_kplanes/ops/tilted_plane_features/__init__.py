@@ -124,11 +124,12 @@ def _check(points, rotations, planes, backend) -> str:
 def _plan(points, rotations, planes, backend):
     if not uses_triton(_check(points, rotations, planes, backend)):
         return tilted_plane_features_reference
-    from .backward import backward_plan
+    from .backward import backward_plan, compile_backward_ahead
     from .forward import forward_plan
 
     forward = forward_plan(points, rotations, planes)
     backward = {need: backward_plan(points, rotations, planes, need) for need in (False, True)}
+    compile_backward_ahead(backward, points, rotations, planes)
 
     def run(points, rotations, planes):
         return _EagerFeatures.apply(points, rotations, planes, forward, backward)

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from triton_dispatch import autotune, config_space
+from triton_dispatch.compile_ahead import backward_follows
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
 from .forward import bound_arguments
@@ -269,6 +270,14 @@ def backward_plan(
         bool(PRE_REDUCE_RUNS),
     )  # fmt: skip
     return _PLANS.get(meta, lambda: BackwardPlan(*meta))
+
+
+def compile_backward_ahead(plans, points, rotations, planes) -> None:
+    """Compile the backward a training call will run (of ``plans``, by ``coordinate_grad``) on a
+    background thread while the forward compiles; nothing when no backward follows."""
+    if backward_follows(points, rotations, planes):
+        plan = plans[bool(points.requires_grad or rotations.requires_grad)]
+        plan.launch.compile_ahead(*(plan.dtype,) * 7)
 
 
 def backward_triton(

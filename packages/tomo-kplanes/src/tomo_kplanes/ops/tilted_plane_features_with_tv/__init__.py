@@ -87,11 +87,12 @@ def _plan(points, rotations, planes, backend):
     if not _folds(planes, chosen):
         return lambda points, rotations, planes: _apart(points, rotations, planes, backend)
     from ..plane_tv.kernels import plan_for
-    from ..tilted_plane_features.backward import backward_plan
+    from ..tilted_plane_features.backward import backward_plan, compile_backward_ahead
     from ..tilted_plane_features.forward import forward_plan
 
     forward = forward_plan(points, rotations, planes)
     backward = {need: backward_plan(points, rotations, planes, need) for need in (False, True)}
+    compile_backward_ahead(backward, points, rotations, planes)
     tv = plan_for(planes)
 
     def run(points, rotations, planes):

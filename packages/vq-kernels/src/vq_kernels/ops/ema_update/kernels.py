@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from triton_dispatch import device_facts, padded_dim
+from triton_dispatch.compile_ahead import wait_for
 from triton_dispatch.launch import KernelLaunch
 
 # Rows × padded columns held by one scatter program: enough to hide latency, small enough for
@@ -577,6 +578,7 @@ def fused_update(
         programs = _fused_programs(regime, bound, x.device)
     scratch = fused_update_scratch(levels, num_codes, dim, x.device)
     replaced = torch.empty(levels, num_codes, device=x.device, dtype=torch.bool)
+    wait_for(fused_update_kernel)  # a compile ahead of this launch (compile_update_ahead)
     compiled = fused_update_kernel[(programs,)](
         x, codes, scratch, codebook, cluster_size, embed_sum, counter, candidates, replaced,
         **bound, **options,
@@ -719,3 +721,31 @@ def small_update_launch(
         device=device,
         options={"num_warps": 4},
     )
+
+
+def compile_update_ahead(
+    x_dtype: torch.dtype,
+    batch: int,
+    codebook: torch.Tensor,
+    cluster_size: torch.Tensor,
+    embed_sum: torch.Tensor,
+    steps_since_active: torch.Tensor,
+    decay: float,
+    eps: float,
+    threshold: float | None,
+) -> None:
+    """Compile, on a background thread, the kernel of the active-only update that a training
+    forward will run on ``batch`` rows per level of ``x_dtype`` (the state tensors as they are),
+    while the search before it compiles (:mod:`triton_dispatch.compile_ahead`)."""
+    levels, num_codes, dim = codebook.shape
+    device = codebook.device
+    state = (codebook, cluster_size, embed_sum, steps_since_active)
+    if small_update_fits(batch, num_codes, dim):
+        launch = small_update_launch(levels, batch, num_codes, dim, device, decay, eps, threshold)
+        launch.compile_ahead(x_dtype, torch.int64, *state, torch.int64, torch.bool)
+        return
+    bound, options = _fused_bound(levels, batch, num_codes, dim, decay, eps, threshold)
+    launch = KernelLaunch(fused_update_kernel, (1,), bound, device=device, options=options)
+    launch.compile_ahead(
+        x_dtype, torch.int64, torch.float32, *state, torch.int64, torch.bool
+    )  # fmt: skip

@@ -10,6 +10,7 @@ from typing import NamedTuple
 import torch
 
 from triton_dispatch import uses_triton
+from triton_dispatch.compile_ahead import backward_follows
 from triton_dispatch.launch import PlanCache, call_key
 
 from ..quantize import check_search
@@ -285,6 +286,8 @@ def _plan(x, codebooks, metric, commitment_weight, codebook_weight, backend):
         from .kernels import ResidualGradPlan, fused_fits, residual_quantize_fused
 
         grad_plan = ResidualGradPlan(batch, dim, levels, device, 2.0 * commitment_weight / numel)
+        if backward_follows(x, codebooks):
+            grad_plan.compile_ahead(dtype)
         if fused_fits(batch, num_codes, levels, device):
             cast = codebooks.dtype != dtype
             contiguous_codebooks = codebooks.is_contiguous()

@@ -225,6 +225,11 @@ class ResidualGradPlan:
             for has_gout in (False, True)
         }
 
+    def compile_ahead(self, dtype: torch.dtype) -> None:
+        """Compile the launch a training step's backward takes (an upstream gradient, an fp32
+        loss gradient) on a background thread while the forward compiles."""
+        self.launches[True].compile_ahead(dtype, torch.float32, dtype, dtype)
+
     def __call__(self, grad_out, grad_loss, residuals, like):
         """``grad_out`` (N, D) or None, ``grad_loss`` 0-d, ``residuals`` (L + 1, N, D)
         contiguous; returns the gradient of x in ``like``'s dtype."""

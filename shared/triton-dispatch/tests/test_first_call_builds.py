@@ -1,0 +1,138 @@
+"""First-call helpers: launcher builds at -O1 through Triton's build hook, and kernels compiled
+ahead of their launch on background threads."""
+
+import subprocess
+import threading
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from triton_dispatch import compile_ahead, host_build
+from triton_dispatch.launch import KernelLaunch
+from triton_dispatch.testing import assert_close, randn
+from triton_dispatch.warmup import counting_compiles
+
+_EXTENSION = r"""
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(%d); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "%s", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_%s(void) { return PyModule_Create(&module); }
+"""
+
+
+@pytest.fixture
+def fresh_hook(monkeypatch, tmp_path):
+    """Triton's build hook empty and its cache in a temporary folder; restored afterwards."""
+    from triton import knobs
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    saved = knobs.build.impl
+    host_build.uninstall_fast_host_builds()
+    knobs.build.impl = None
+    yield knobs
+    host_build.uninstall_fast_host_builds()
+    knobs.build.impl = saved
+
+
+def _build_extension(name: str, value: int):
+    from triton.runtime.build import compile_module_from_src
+
+    return compile_module_from_src(_EXTENSION % (value, name, name), name)
+
+
+def test_fast_build_builds_triton_modules_at_o1(fresh_hook, monkeypatch):
+    commands = []
+    real = subprocess.check_call
+
+    def spy(command, **kwargs):
+        commands.append(command)
+        return real(command, **kwargs)
+
+    monkeypatch.setattr(host_build.subprocess, "check_call", spy)
+    assert host_build.install_fast_host_builds()
+    assert fresh_hook.build.impl is host_build.fast_build
+    value = int(torch.randint(1, 10_000, ()).item())  # a new source: no cache hit
+    module = _build_extension("fast_build_probe", value)
+    assert module.answer() == value
+    assert len(commands) == 1 and host_build.OPT_LEVEL in commands[0]
+    assert "-O3" not in commands[0]
+
+
+def test_a_users_build_hook_and_the_switch_are_respected(fresh_hook, monkeypatch):
+    def own(*args):
+        raise AssertionError("not called here")
+
+    fresh_hook.build.impl = own
+    assert not host_build.install_fast_host_builds()
+    assert fresh_hook.build.impl is own
+    host_build.uninstall_fast_host_builds()
+    assert fresh_hook.build.impl is own  # uninstall only removes its own hook
+
+    fresh_hook.build.impl = None
+    monkeypatch.setenv(host_build.FAST_HOST_BUILD_ENV_VAR, "0")
+    assert not host_build.install_fast_host_builds()
+    assert fresh_hook.build.impl is None
+
+
+def test_wait_for_waits_on_that_kernels_background_compiles():
+    release = threading.Event()
+    done = []
+    kernel, other = object(), object()
+
+    def slow():
+        release.wait(10)
+        done.append("slow")
+
+    before = compile_ahead.submitted_count()
+    compile_ahead.submit(other, lambda: done.append("other"))
+    compile_ahead.submit(kernel, slow)
+    compile_ahead.wait_for(other)  # returns while the slow one still waits
+    assert done == ["other"]
+    release.set()
+    compile_ahead.wait_for(kernel)
+    assert done == ["other", "slow"]
+    assert compile_ahead.submitted_count() == before + 2
+    # a failing job is dropped: the real launch raises its error
+    compile_ahead.submit(kernel, lambda: 1 / 0)
+    compile_ahead.wait_all()
+
+
+@triton.jit
+def _add_one(X, Y, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i, mask=i < n) + 1.0, mask=i < n)
+
+
+def test_compile_ahead_checks_its_arguments_and_does_nothing_when_interpreting():
+    launch = KernelLaunch(
+        _add_one, (1,), {"n": 4, "BLOCK": 16}, device=torch.device("cpu")
+    )  # fmt: skip
+    with pytest.raises(TypeError, match="per-call arguments"):
+        launch.compile_ahead(torch.float32)
+    before = compile_ahead.submitted_count()
+    launch.compile_ahead(torch.float32, torch.float32)
+    assert compile_ahead.submitted_count() == before  # nothing to compile off the GPU
+
+
+@pytest.mark.gpu
+def test_a_kernel_compiled_ahead_is_not_compiled_again_at_its_launch(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    n = 1000
+    block = 128 << int(torch.randint(0, 4, ()).item())  # a variant this process has not built
+    launch = KernelLaunch(
+        _add_one, (triton.cdiv(n, block),), {"n": n, "BLOCK": block}, device=torch.device("cuda")
+    )  # fmt: skip
+    before = compile_ahead.submitted_count()
+    launch.compile_ahead(torch.float32, torch.float32)
+    assert compile_ahead.submitted_count() == before + 1
+    compile_ahead.wait_all()
+    x = randn((n,), device="cuda")
+    y = torch.full_like(x, float("nan"))
+    with counting_compiles() as count:
+        launch(x, y)
+    torch.cuda.synchronize()
+    assert count.compiled == 0
+    assert_close(y, x.double() + 1)
