@@ -61,7 +61,8 @@ def test_reconstruct_from_files(tmp_path, capsys):
     assert err.count("\n") == 1 and "--angles" in err and "2 tilt angles" in err and "5 images" in err
 
 
-_PHANTOM = ["reconstruct", "--size", "8", "--angle-step", "30"]
+# no --size: it is an error beside --tilt-series (the phantom of the default size is cheap to make)
+_PHANTOM = ["reconstruct", "--angle-step", "30"]
 
 
 @pytest.mark.parametrize(
@@ -83,6 +84,9 @@ _PHANTOM = ["reconstruct", "--size", "8", "--angle-step", "30"]
         (["--tilt-series", "nope.st", "--angles", "-60,0,60"], "--tilt-series"),
         (["--tilt-series", "nope.st"], "--angles"),
         (["--angles", "-60,0,60"], "--tilt-series"),
+        (["--tilt-series", "nope.st", "--angles", "0,1", "--size", "8"], "--size"),
+        (["--resolution", "1"], "--resolution"),
+        (["--samples-per-ray", "0"], "--samples-per-ray"),
         (["--backend", "fast"], "--backend"),
         (["--resume", "nope.pt"], "--resume"),
     ],
@@ -97,6 +101,43 @@ def test_user_errors_are_one_line_naming_the_flag(tmp_path, capsys, argv, flag):
     assert out == "" and err.count("\n") == 1, err
     assert flag in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_contradicting_flags_are_reported_before_an_existing_output(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.json").write_text("{}")
+    assert main([*_PHANTOM, "--output", str(out), *_FAST, "--angles", "-60,0,60"]) == 2
+    err = capsys.readouterr().err
+    assert "--angles needs --tilt-series" in err and "already holds" not in err
+
+
+def test_cli_runs_the_api_defaults():
+    """``tomo-kplanes reconstruct`` and ``reconstruct(series, geometry)`` run the same settings,
+    which are the CLI's long-standing ones."""
+    from dataclasses import asdict
+
+    from tomo_kplanes.geometry import TiltGeometry, tilt_range
+    from tomo_kplanes.train import ReconstructionConfig
+
+    args = parse_args(["reconstruct"])
+    phantom = TiltGeometry(tilt_range(args.max_angle, args.angle_step), (32, 32))
+    cli_config = cli.reconstruction_config(args, phantom)
+    assert asdict(cli_config) == asdict(ReconstructionConfig().resolved(phantom))
+    settings = ("resolution", "channels", "rotations", "steps", "rays_per_batch",
+                "samples_per_ray", "tv_points", "eval_every")  # fmt: skip
+    assert [getattr(cli_config, k) for k in settings] == [32, 8, 2, 1200, 512, 32, 1024, 150]
+    assert cli_config.weights.volume_tv == cli_config.weights.plane_tv == 1e-4
+    # a tilt series: the volume side is the detector's larger side
+    stack = TiltGeometry(tilt_range(60, 30), (12, 20))
+    assert asdict(cli.reconstruction_config(args, stack)) == asdict(
+        ReconstructionConfig().resolved(stack)
+    )
+    assert cli.reconstruction_config(args, stack).resolution == 20
+    # explicit flags win over the automatic values
+    given = parse_args(["reconstruct", "--resolution", "16", "--samples-per-ray", "24"])
+    config = cli.reconstruction_config(given, phantom)
+    assert (config.resolution, config.samples_per_ray) == (16, 24)
 
 
 def test_size_zero_names_size_not_the_geometry(capsys):
@@ -122,6 +163,13 @@ def test_help_shows_the_defaults(capsys):
                     "(default: tomo-kplanes-output)", "(default: cuda when available, else cpu)"):
         assert default in text, default
     assert "--threads N" in text and "Default: 1, unless OMP_NUM_THREADS is set" in text
+
+
+def test_top_level_help_is_plain_text(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "tomo-kplanes reconstruct: reconstruct the built-in phantom" in out and "``" not in out
 
 
 def test_cpu_runs_use_one_thread_unless_told_otherwise(monkeypatch):

@@ -291,3 +291,47 @@ def test_prepare_optimizer_for_capture_rejects_host_state():
     opt.step()  # a plain Adam keeps its step counter on the host
     with pytest.raises(ValueError, match="fused=True or capturable=True"):
         prepare_optimizer_for_capture(opt)
+
+
+def test_automatic_settings_follow_the_detector_and_explicit_ones_stay():
+    from dataclasses import asdict
+
+    geo = TiltGeometry(tilt_range(60, 30), (12, 20))
+    auto = ReconstructionConfig(steps=400).resolved(geo)
+    assert (auto.resolution, auto.samples_per_ray, auto.eval_every) == (20, 20, 50)
+    assert ReconstructionConfig(steps=2000).resolved(geo).eval_every == 250
+    # the defaults of earlier versions, given explicitly, are kept as they were
+    old = dict(resolution=64, channels=16, rotations=4, steps=1000, rays_per_batch=1024,
+               samples_per_ray=128, tv_points=2048, eval_every=100)  # fmt: skip
+    assert asdict(ReconstructionConfig(**old).resolved(geo)) == asdict(ReconstructionConfig(**old))
+    assert ReconstructionConfig(eval_every=0).resolved(geo).eval_every == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        (dict(resolution=1), ValueError, "resolution"),
+        (dict(resolution=8.0), TypeError, "resolution"),
+        (dict(samples_per_ray=0), ValueError, "samples_per_ray"),
+        (dict(samples_per_ray=True), TypeError, "samples_per_ray"),
+        (dict(eval_every=-1), ValueError, "eval_every"),
+    ],
+)
+def test_bad_automatic_settings_name_the_setting(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        ReconstructionConfig(**kwargs)
+
+
+def test_reconstruct_with_the_defaults_sizes_the_field_from_the_data():
+    from tomo_kplanes.train import build_object
+
+    _, geo, series = _data()
+    config = ReconstructionConfig(steps=2, backend="torch", progress=False)
+    result = reconstruct(series, geo, config)
+    assert result.config == config.resolved(geo)
+    assert result.config.resolution == result.object_model.field.resolution == 10
+    assert config.resolution is None  # the caller's config is left as it was
+    with pytest.raises(ValueError, match="resolved"):
+        build_object(config, "cpu")
+    with pytest.raises(TypeError, match="config"):
+        reconstruct(series, geo, {"steps": 2})

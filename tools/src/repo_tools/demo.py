@@ -5,13 +5,17 @@ a kernel package, and its demo is whatever it registers under the ``triton_dispa
 entry-point group.
 
 Each demo writes into ``OUTPUT_DIR/<package>`` (``demo-output/<package>`` by default), a folder the
-runner owns: running ``demo`` again replaces what the previous run wrote there.
+runner owns: running ``demo`` again replaces what the previous run wrote there. What a demo prints
+itself goes to ``OUTPUT_DIR/<package>/demo.log`` (and to the terminal when the demo fails), so the
+terminal shows one line per package.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import io
 import re
 import sys
 import time
@@ -20,6 +24,9 @@ from importlib import metadata
 from pathlib import Path
 
 from triton_dispatch import DEMO_ENTRY_POINT_GROUP, DemoResult
+
+#: where a demo's own printed lines go, inside its output folder
+LOG_FILE = "demo.log"
 
 _REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
@@ -95,15 +102,24 @@ def main(argv: list[str] | None = None) -> int:
         out_dir = args.output_dir / name
         out_dir.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
+        printed = io.StringIO()
         try:
-            result = ep.load()(out_dir)
+            with contextlib.redirect_stdout(printed):
+                result = ep.load()(out_dir)
             if not isinstance(result, DemoResult):
                 raise TypeError(f"{ep.value} returned {type(result).__name__}, expected DemoResult")
         except Exception:
             failures += 1
             print(f"{label}  FAILED after {time.perf_counter() - start:.1f} s", flush=True)
+            print(printed.getvalue(), end="", flush=True)
             traceback.print_exc()
             continue
+        finally:
+            log = out_dir / LOG_FILE
+            if printed.getvalue():
+                log.write_text(printed.getvalue(), encoding="utf-8")
+            elif log.exists():  # the previous run's lines
+                log.unlink()
         where = f" -> {out_dir}" if result.outputs else ""
         print(
             f"{label}  {result.summary} | backend={result.backend} | {result.key_figure} | "

@@ -1,4 +1,4 @@
-"""``tomo-kplanes reconstruct``: reconstruct the built-in phantom (default) or a tilt series file."""
+"""tomo-kplanes reconstruct: reconstruct the built-in phantom (default) or a tilt series file."""
 
 from __future__ import annotations
 
@@ -128,6 +128,18 @@ THREADS_HELP = (
 )
 
 
+#: the Python API's defaults, which the flags take theirs from (one place for both)
+_DEFAULTS = ReconstructionConfig()
+#: side of the built-in phantom when --size is not given
+PHANTOM_SIZE = 32
+
+
+def _setting(parser: argparse.ArgumentParser, flag: str, low: int, metavar: str, help: str) -> None:
+    """An integer flag of the ``ReconstructionConfig`` field of the same name, with its default."""
+    default = getattr(_DEFAULTS, flag.removeprefix("--").replace("-", "_"))
+    parser.add_argument(flag, type=_integer(low), metavar=metavar, default=default, help=help)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="tomo-kplanes", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,8 +174,9 @@ def _parser() -> argparse.ArgumentParser:
         "--size",
         type=_integer(2),
         metavar="N",
-        default=32,
-        help="phantom side / volume side in voxels",
+        default=None,
+        help=f"side of the built-in phantom in voxels (default: {PHANTOM_SIZE}); a --tilt-series "
+        "sets its own volume side, its detector's larger side",
     )
     rec.add_argument(
         "--max-angle",
@@ -186,26 +199,30 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="Poisson noise for the phantom, in counts per pixel (default: noiseless)",
     )
-    rec.add_argument("--steps", type=_integer(1), metavar="N", default=1200, help="training steps")
-    rec.add_argument(
-        "--rotations",
-        type=_integer(0),
-        metavar="T",
-        default=2,
-        help="learned plane rotations (0: plain K-Planes)",
+    _setting(rec, "--steps", 1, "N", "training steps")
+    _setting(rec, "--rotations", 0, "T", "learned plane rotations (0: plain K-Planes)")
+    _setting(rec, "--channels", 1, "C", "feature channels per plane")
+    _setting(
+        rec,
+        "--resolution",
+        2,
+        "N",
+        "plane side in pixels (default: the volume side, the detector's larger side)",
+    )
+    _setting(rec, "--rays-per-batch", 1, "N", "rays per training step")
+    _setting(
+        rec,
+        "--samples-per-ray",
+        1,
+        "N",
+        "samples along each ray (default: the volume side, the detector's larger side)",
     )
     rec.add_argument(
-        "--channels", type=_integer(1), metavar="C", default=8, help="feature channels per plane"
-    )
-    rec.add_argument(
-        "--rays-per-batch",
-        type=_integer(1),
-        metavar="N",
-        default=512,
-        help="rays per training step",
-    )
-    rec.add_argument(
-        "--volume-tv", type=_number(0), metavar="W", default=1e-4, help="volume TV weight"
+        "--volume-tv",
+        type=_number(0),
+        metavar="W",
+        default=_DEFAULTS.weights.volume_tv,
+        help="volume TV weight",
     )
     rec.add_argument(
         "--sirt-iterations",
@@ -225,16 +242,8 @@ def _parser() -> argparse.ArgumentParser:
         help="kernel backend: triton, interpret or torch (default: chosen for the device)",
     )
     rec.add_argument("--threads", type=_integer(1), default=None, metavar="N", help=THREADS_HELP)
-    rec.add_argument(
-        "--tv-points", type=_integer(0), metavar="N", default=1024, help="volume-TV points per step"
-    )
-    rec.add_argument(
-        "--seed",
-        type=_integer(0),
-        metavar="N",
-        default=0,
-        help="seed of the field, the rays and the phantom's noise",
-    )
+    _setting(rec, "--tv-points", 0, "N", "volume-TV points per step")
+    _setting(rec, "--seed", 0, "N", "seed of the field, the rays and the phantom's noise")
     rec.add_argument(
         "--output",
         type=Path,
@@ -433,6 +442,44 @@ def _load_series(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
     return data, angles
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """Flags that contradict each other: reported before anything else, so that fixing one error
+    does not uncover another that was there from the start."""
+    if args.tilt_series is None and args.angles is not None:
+        raise UsageError(
+            "--angles needs --tilt-series (the phantom's tilts are --max-angle and --angle-step)"
+        )
+    if args.tilt_series is not None and args.size is not None:
+        raise UsageError(
+            "--size is the built-in phantom's side; a --tilt-series sets its own volume side "
+            "(its detector's larger side): leave --size out, or set the planes' side with "
+            "--resolution"
+        )
+
+
+def reconstruction_config(args: argparse.Namespace, geometry: TiltGeometry) -> ReconstructionConfig:
+    """The settings ``tomo-kplanes reconstruct`` runs ``args`` with on ``geometry``: the flags
+    over :class:`ReconstructionConfig`'s defaults (whose automatic settings are filled in for
+    ``geometry`` by :meth:`ReconstructionConfig.resolved`), plus the run's own output settings."""
+    ckpt = checkpoint_path(args)
+    return ReconstructionConfig(
+        resolution=args.resolution,
+        channels=args.channels,
+        rotations=args.rotations,
+        steps=args.steps,
+        rays_per_batch=args.rays_per_batch,
+        samples_per_ray=args.samples_per_ray,
+        tv_points=args.tv_points,
+        backend=args.backend,
+        weights=LossWeights(volume_tv=args.volume_tv, plane_tv=_DEFAULTS.weights.plane_tv),
+        seed=args.seed,
+        progress=not args.no_progress,
+        cuda_graph=args.cuda_graph,
+        checkpoint_every=args.checkpoint_every,
+        checkpoint_path=None if ckpt is None else str(ckpt),
+    ).resolved(geometry)
+
+
 def run_reconstruct(args: argparse.Namespace) -> dict:
     """Run ``tomo-kplanes reconstruct`` with parsed ``args``; returns the metrics it writes.
 
@@ -440,8 +487,9 @@ def run_reconstruct(args: argparse.Namespace) -> dict:
         UsageError: a bad flag value or input file (before any training).
         FileExistsError: ``--output`` holds an earlier run's outputs and ``--overwrite`` is off.
     """
-    _check_output(args.output, args.overwrite, args.resume)  # before hours of training, not after
+    _check_flags(args)
     device = _device(args)
+    _check_output(args.output, args.overwrite, args.resume)  # before hours of training, not after
     with cpu_threads(device, args.threads) as threads:
         return _run(args, device, threads)
 
@@ -464,12 +512,7 @@ def _run(args: argparse.Namespace, device: torch.device, threads: int | None) ->
             f"{angles.min():g}° to {angles.max():g}°"
         )
     else:
-        if args.angles is not None:
-            raise UsageError(
-                "--angles needs --tilt-series (the phantom's tilts are --max-angle "
-                "and --angle-step)"
-            )
-        size = args.size
+        size = PHANTOM_SIZE if args.size is None else args.size
         maker = shepp_logan_3d if args.phantom == "shepp-logan" else nanoparticle_phantom
         truth = (
             maker(size, device=device)
@@ -485,23 +528,7 @@ def _run(args: argparse.Namespace, device: torch.device, threads: int | None) ->
         )
     shape = (geo.detector_shape[0], geo.detector_shape[0], geo.detector_shape[1])
     ckpt = checkpoint_path(args)
-    config = ReconstructionConfig(
-        resolution=size,
-        channels=args.channels,
-        rotations=args.rotations,
-        steps=args.steps,
-        rays_per_batch=args.rays_per_batch,
-        samples_per_ray=size,
-        tv_points=args.tv_points,
-        backend=args.backend,
-        weights=LossWeights(volume_tv=args.volume_tv, plane_tv=1e-4),
-        seed=args.seed,
-        progress=not args.no_progress,
-        eval_every=max(50, args.steps // 8),
-        cuda_graph=args.cuda_graph,
-        checkpoint_every=args.checkpoint_every,
-        checkpoint_path=None if ckpt is None else str(ckpt),
-    )
+    config = reconstruction_config(args, geo)
     resumed_from = _check_resume(args.resume, config) if args.resume is not None else None
     if args.warmup:
         report = _warmup(config, geo, device)

@@ -1,0 +1,87 @@
+"""Warm speed with shipped launch-config tables against autotuning: each benchmark script runs
+twice, each time in its own process, once as shipped and once with ``TRITON_DISPATCH_AUTOTUNE=1``
+(every regime benchmarks its config space on its first call), and the ``ours`` column of each
+case is compared (GPU median of ``do_bench`` and wall time per call).
+
+    python3 tools/gpu/table_vs_autotune.py --out table_vs_autotune.json \\
+        packages/vq-kernels/benchmarks/quantize.py packages/tomo-kplanes/benchmarks/training_step.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(script: Path, autotune: bool, out: Path, timeout: int) -> list[dict]:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)
+    if autotune:
+        env["TRITON_DISPATCH_AUTOTUNE"] = "1"
+        env["TRITON_DISPATCH_TUNING_CACHE"] = "0"  # tune now, not from an earlier run's files
+    else:
+        env.pop("TRITON_DISPATCH_AUTOTUNE", None)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--out", str(out)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    if proc.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"{script} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    return json.loads(out.read_text())["records"]
+
+
+def _case(record: dict) -> str:
+    """A case's identity: its name and its shape (several cases share a name)."""
+    return record["name"] + " " + json.dumps(record["shape"], sort_keys=True, default=str)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scripts", nargs="+", type=Path)
+    parser.add_argument("--out", type=Path, default=Path("table_vs_autotune.json"))
+    parser.add_argument("--timeout", type=int, default=300)
+    args = parser.parse_args()
+    rows, errors = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for script in args.scripts:
+            start = time.perf_counter()
+            try:
+                table = run(script, False, Path(tmp) / "table.json", args.timeout)
+                tuned = run(script, True, Path(tmp) / "tuned.json", args.timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as error:
+                errors.append({"script": str(script), "error": str(error)[-3000:]})
+                continue
+            by_case = {_case(r): r for r in tuned}
+            for r in table:
+                t = by_case.get(_case(r))
+                if t is None or not r["ours_ms"] or not t["ours_ms"]:
+                    continue
+                rows.append({
+                    "script": script.name, "case": r["name"], "shape": r["shape"],
+                    "table_ms": r["ours_ms"], "autotuned_ms": t["ours_ms"],
+                    "table_wall_ms": r.get("ours_wall_ms"), "autotuned_wall_ms": t.get("ours_wall_ms"),
+                    "table_over_autotuned": r["ours_ms"] / t["ours_ms"],
+                })  # fmt: skip
+            print(f"{script.name}: {time.perf_counter() - start:.0f} s", flush=True)
+    args.out.write_text(json.dumps({"rows": rows, "errors": errors}, indent=1))
+    print("| script | case | table ms | autotuned ms | table / autotuned | wall: table, autotuned |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        walls = ", ".join(f"{w:.3f}" if w else "-" for w in (r["table_wall_ms"], r["autotuned_wall_ms"]))
+        shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
+        print(f"| {r['script']} | {r['case']} ({shape}) | {r['table_ms']:.4f} | {r['autotuned_ms']:.4f} | "
+              f"{r['table_over_autotuned']:.3f} | {walls} |")  # fmt: skip
+    for e in errors:
+        print(f"ERROR {e['script']}: {e['error'][-600:]}")
+
+
+if __name__ == "__main__":
+    main()
