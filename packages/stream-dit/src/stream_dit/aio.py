@@ -1,7 +1,9 @@
 """Asyncio driver: one background task ticks the session for every caller.
 
 ``await driver.generate(request)`` resolves with the finished latent; ``driver.stream(request)`` is
-an async iterator over the intermediate latents (one per step, the last one final). Ticks run in a
+an async iterator over the intermediate latents (one per step, the last one final). With a session
+that has a decoder, ``await driver.generate_audio(request)`` resolves with the whole audio and
+``driver.stream_audio(request)`` yields it in pieces as the decoder's windows finish. Ticks run in a
 worker thread so the event loop stays free for I/O; submissions are handed to the session between
 ticks, so the session itself is only touched by one thread at a time.
 """
@@ -142,6 +144,55 @@ class AsyncStreamSession:
                 yield item
         finally:
             if not handle.finished:
+                handle.cancel()
+
+    def _audio_session(self, request: Request) -> None:
+        if self.session.decoder is None:
+            raise ValueError("the session has no decoder: build it with decoder=AudioDecoder(...)")
+        if not request.audio:
+            raise ValueError("request.audio is False: its latent would not be decoded")
+
+    async def generate_audio(self, request: Request) -> torch.Tensor:
+        """The decoded ``(channels, samples)`` float32 audio of ``request`` (on the host).
+
+        Raises:
+            ValueError / TypeError: invalid request, or a session without a decoder.
+            RequestFailed: denoising or decoding failed, or the request was cancelled.
+        """
+        chunks = [chunk async for chunk in self.stream_audio(request)]
+        if len(chunks) == 1:
+            return chunks[0]
+        return torch.cat(chunks, dim=-1)
+
+    async def stream_audio(self, request: Request) -> AsyncIterator[torch.Tensor]:
+        """Yield ``request``'s audio in order, ``(channels, n)`` float32 host tensors, as soon as
+        the decoder has made each piece final (the pieces end on window seams)."""
+        self._audio_session(request)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+
+        def on_step(handle: Handle) -> None:
+            if handle.audio_samples or handle.audio_error is not None or handle.finished:
+                loop.call_soon_threadsafe(queue.put_nowait, handle)
+
+        handle = await self._enqueue(request, on_step)
+        sent = 0
+        try:
+            while True:
+                h = await queue.get()
+                if h.status in (Status.FAILED, Status.CANCELLED):
+                    raise RequestFailed(f"request {h.id} {h.status.value}: {h.error}")
+                if h.audio_error is not None:
+                    raise RequestFailed(f"request {h.id}: decoding failed: {h.audio_error}")
+                ready = h.audio_samples
+                if h.audio is not None and ready > sent:
+                    # a copy: the buffer stays the session's, pinned
+                    yield h.audio[:, sent:ready].clone()
+                    sent = ready
+                if h.audio_done and sent == h.audio.shape[-1]:
+                    return
+        finally:
+            if not handle.audio_done:
                 handle.cancel()
 
     def _admit_pending(self) -> None:

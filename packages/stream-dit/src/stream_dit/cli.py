@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from .decode.engine import DECODER_MODES
+from .decode.registry import VAES
 from .engines.torch_engine import MODES
 from .model.registry import MODELS
 
@@ -21,6 +23,47 @@ _PRESET_HELP = (
     "stable-audio tiny/published "
     "(default: large / published on CUDA, tiny on CPU)"
 )
+_VAE_HELP = (
+    "audio decoder (diffusers' AutoencoderOobleck, random weights): tiny (CPU), ace-step "
+    "(ACE-Step 1.5, 48 kHz), stable-audio (44.1 kHz); auto: the model's own, tiny for tiny "
+    "presets, none without diffusers; none: latents only"
+)
+
+
+def _decoder_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--vae", choices=VAES, default="auto", help=_VAE_HELP)
+    p.add_argument("--decoder-mode", choices=DECODER_MODES, default="eager")
+    p.add_argument(
+        "--decode-window", type=int, default=128, help="latent frames per decoder window"
+    )
+    p.add_argument(
+        "--decode-context",
+        type=int,
+        default=None,
+        help="context frames on each side of a window (default: the decoder's receptive field, "
+        "which makes windows exact)",
+    )
+    p.add_argument("--decode-crossfade", type=int, default=1, help="crossfade frames at seams")
+    p.add_argument("--decode-batch", type=int, default=2, help="windows per decoder call")
+
+
+def _build_decoder(args: argparse.Namespace, dtype: torch.dtype, latent_channels: int):
+    from .decode.registry import build_audio_decoder
+
+    return build_audio_decoder(
+        args.vae,
+        model=args.model,
+        preset=args.preset,
+        seed=args.seed,
+        device=args.device,
+        dtype=dtype,
+        mode=args.decoder_mode,
+        window=args.decode_window,
+        context=args.decode_context,
+        crossfade=args.decode_crossfade,
+        batch_windows=args.decode_batch,
+        latent_channels=latent_channels,
+    )
 
 
 def _device_default() -> str:
@@ -83,7 +126,14 @@ def _serve(args: argparse.Namespace) -> int:
         max_cond_len=args.max_cond_len,
         mode=args.engine_mode,
     )
-    session = StreamSession(model, engine, depth=args.depth, max_queue=args.max_queue)
+    try:
+        decoder = _build_decoder(args, dtype, model.latent_channels)
+    except (ValueError, TypeError, ImportError) as exc:
+        print(f"stream-dit serve: {exc}", file=sys.stderr)
+        return 2
+    session = StreamSession(
+        model, engine, depth=args.depth, max_queue=args.max_queue, decoder=decoder
+    )
     if args.warmup:
         try:  # bad warm-up shapes are refused here, not on the server's warm-up thread
             forward_shapes(session, frames=args.warmup_frames, cond_lens=args.warmup_cond_len)
@@ -125,6 +175,7 @@ def _demo(args: argparse.Namespace) -> int:
         depth=args.depth,
         model=args.model,
         warmup=args.warmup,
+        vae=args.vae,
     )
     print(f"{res.summary}; {res.key_figure} [{res.backend}]")
     return 0
@@ -222,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         help="conditioning lengths to warm up (each mapped to the engine's L bucket; default: "
         "--max-cond-len)",
     )
+    _decoder_arguments(s)
     s.set_defaults(fn=_serve)
 
     d = sub.add_parser("demo", help="stream a handful of requests through a tiny model")
@@ -229,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--output-dir", default="demo-output")
     d.add_argument("--requests", type=int, default=8)
     d.add_argument("--depth", type=int, default=4)
+    d.add_argument(
+        "--vae",
+        choices=VAES,
+        default="auto",
+        help=_VAE_HELP + "; the demo writes stream_dit_demo.wav and stream_dit_demo.png",
+    )
     d.add_argument(
         "--warmup",
         action=argparse.BooleanOptionalAction,

@@ -1,5 +1,7 @@
 """``uv run demo`` / ``stream-dit demo``: stream a handful of requests through a tiny model (the
-built-in DiT, or ACE-Step 1.5's diffusers transformer at a tiny size with ``--model ace-step``)."""
+built-in DiT, or ACE-Step 1.5's diffusers transformer at a tiny size with ``--model ace-step``),
+decode them to audio with the session's decoder stage, and write the first one as a WAV file and a
+waveform/spectrogram picture."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ import torch
 
 from triton_dispatch import DemoResult, select_backend
 
+from .decode.registry import build_audio_decoder
 from .model import FRAME_RATE, build_denoiser
+from .picture import write_audio_picture
 from .request import Request
 from .session import StreamSession
+from .wav import peak_normalize, wav_bytes
 
 
 def run_demo(
@@ -25,16 +30,34 @@ def run_demo(
     steps: int = 8,
     model: str = "dit",
     warmup: bool = False,
+    vae: str = "auto",
 ) -> DemoResult:
     """Serve ``requests`` mixed requests (plain, CFG, RCFG, SDE noise) at ``depth`` on the tiny
     size of ``model`` and report ticks, latents/s and audio × realtime; writes
     ``stream_dit_demo.json``. With ``warmup``, :func:`stream_dit.warmup.warmup` runs the demo's
-    shapes before the timed ticks (its one-line report goes to stderr)."""
+    shapes before the timed ticks (its one-line report goes to stderr).
+
+    With a decoder (``vae``, see :func:`stream_dit.decode.registry.build_audio_decoder`; ``auto``
+    is ACE-Step 1.5's VAE at its published size on CUDA and the tiny one on the host, none
+    without diffusers), the session decodes every request and the first one is written as
+    ``stream_dit_demo.wav`` (peak-normalised to -1 dBFS, 16-bit) and ``stream_dit_demo.png``.
+    The weights are random: the audio is noise shaped by the decoder, not music."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     denoiser = build_denoiser(model, "tiny", seed=0, device=device)
-    session = StreamSession(denoiser, depth=depth, max_queue=requests)
+    if vae == "auto" and device == "cuda":
+        vae = "ace-step"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    decoder = build_audio_decoder(
+        vae,
+        model=model,
+        preset="tiny",
+        device=device,
+        dtype=dtype,
+        latent_channels=denoiser.latent_channels,
+    )
+    session = StreamSession(denoiser, depth=depth, max_queue=requests, decoder=decoder)
     gen = torch.Generator().manual_seed(0)
     kinds = [
         {},
@@ -84,11 +107,27 @@ def run_demo(
         "device": device,
         "warmup_s": warm_s,
     }
+    outputs = []
+    if decoder is not None:
+        first = handles[0]
+        if first.audio_done:
+            audio = peak_normalize(first.audio)
+            wav = output_dir / "stream_dit_demo.wav"
+            wav.write_bytes(wav_bytes(audio, decoder.sample_rate, "pcm16"))
+            outputs += [wav, write_audio_picture(audio, output_dir / "stream_dit_demo.png")]
+        figures["audio"] = {
+            "sample_rate": decoder.sample_rate,
+            "decoded": sum(h.audio_done for h in handles),
+            "windows": decoder.windows_decoded,
+            "decoder_calls": decoder.calls,
+            "seconds_each": frames / FRAME_RATE,
+        }
     out = output_dir / "stream_dit_demo.json"
     out.write_text(json.dumps(figures, indent=2))
+    outputs.insert(0, out)
     return DemoResult(
         summary=f"{model}: {ok}/{requests} requests in {session.ticks} ticks at depth {depth} ({figures['ms_per_tick']:.1f} ms/tick)",
         backend=select_backend(device=torch.device(device)),
         key_figure=f"{figures['audio_x_realtime']:.1f}x realtime audio ({figures['latents_per_s']:.1f} latents/s)",
-        outputs=[out],
+        outputs=outputs,
     )

@@ -38,6 +38,7 @@ class Request:
             noise level added after each step, multiplier of ``guidance``).
         dcw: ``(low, high)`` strengths of the Haar-band correction (``None``: off).
         stream: keep every intermediate latent for the async iterator.
+        audio: decode the finished latent to audio when the session has a decoder.
     """
 
     frames: int
@@ -63,6 +64,7 @@ class Request:
     guidance_curve: Curve | Sequence[float] | None = None
     dcw: tuple[float, float] | None = None
     stream: bool = False
+    audio: bool = True
     tag: str = field(default="", compare=False)
 
     def validate(
@@ -85,6 +87,8 @@ class Request:
             raise ValueError(f"frames must be an int >= 1, got {self.frames!r}")
         if self.frames > max_frames:
             raise ValueError(f"frames={self.frames} exceeds the engine's limit of {max_frames}")
+        if not isinstance(self.audio, bool):
+            raise TypeError(f"audio must be a bool, got {type(self.audio).__name__}")
         if not isinstance(self.steps, int) or self.steps < 1:
             raise ValueError(f"steps must be an int >= 1, got {self.steps!r}")
         for name in (

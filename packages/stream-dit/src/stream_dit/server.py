@@ -1,8 +1,19 @@
-"""HTTP front of a session (``stream-dit serve``): JSON in, ``.npy`` bytes out.
+"""HTTP front of a session (``stream-dit serve``): JSON in, ``.npy`` latents or WAV audio out.
 
 Needs the ``serve`` extra (FastAPI and uvicorn). ``POST /generate`` takes a JSON request and answers
-with the finished ``(frames, channels)`` float32 latent as the bytes of a ``.npy`` file. Every
-answer other than 200 carries the reason:
+with the finished ``(frames, channels)`` float32 latent as the bytes of a ``.npy`` file. With a
+session that has a decoder, the same body sent to
+
+* ``POST /generate/audio`` is answered with the decoded audio as a WAV file (query
+  ``format=f32`` (IEEE float, the default) or ``pcm16`` (clipped to [-1, 1]), ``normalize=true``
+  to scale the clip's peak to -1 dBFS as ACE-Step's pipeline does);
+* ``POST /generate/audio/stream`` is answered with a WAV whose samples arrive in chunks as the
+  decoder's windows finish (``format`` as above; the header states the final length, so the
+  stream is a complete file once it ends; the status is decided by the first piece, and a
+  failure after it ends the body early).
+
+Without a decoder those two answer 404; a bad query parameter is 422. Every answer other than 200
+carries the reason:
 
 * 413: the body is larger than ``max_body_bytes`` (from ``Content-Length`` before anything is
   read, or counted while a chunked body streams in), answered with ``Connection: close``;
@@ -45,7 +56,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -53,14 +64,16 @@ import numpy as np
 import torch
 from fastapi import FastAPI
 from fastapi.requests import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
 from .aio import AsyncStreamSession, RequestFailed
 from .request import Request
 from .server_limits import SEED_MAX, ServerLimits
 from .session import StreamSession
+from .wav import WAV_FORMATS, peak_normalize, wav_bytes, wav_header, wav_samples
 
 __all__ = ["GenerateBody", "ServerLimits", "create_app", "npy_bytes", "to_request"]
 
@@ -376,8 +389,13 @@ def create_app(
             uploading -= 1
         return _parse(raw, limits, session)
 
-    async def serve_one(http: HTTPRequest, request: Request, deadline: float) -> Response:
-        work = asyncio.ensure_future(driver.generate(request))
+    class _Gone(Exception):
+        """The client hung up while its request was being served."""
+
+    async def until_done(http: HTTPRequest, aw: Awaitable[Any], deadline: float) -> Any:
+        """``await aw``, cancelled (and its request with it) when the client disconnects or the
+        deadline passes; the session's refusals become 4xx/5xx answers."""
+        work = asyncio.ensure_future(aw)
         watch = asyncio.ensure_future(_until_disconnect(http))
         try:
             await asyncio.wait(
@@ -388,24 +406,94 @@ def create_app(
         finally:
             watch.cancel()
             if not work.done():
-                work.cancel()  # generate() cancels the handle: its slot frees at the next tick
+                work.cancel()  # the driver cancels the handle: its slot frees at the next tick
                 await asyncio.gather(work, return_exceptions=True)
         if work.cancelled():
             if watch.done() and not watch.cancelled():
-                counts["disconnected"] += 1
-                return Response(status_code=499)  # nobody is listening; for the access log
+                raise _Gone()
             raise _Reject(504, f"the request took longer than {limits.request_timeout_s} s")
         try:
-            latent = work.result()
+            return work.result()
         except (ValueError, TypeError) as exc:
             raise _Reject(400, str(exc)) from None
         except RequestFailed as exc:
             raise _Reject(500, str(exc)) from None
+
+    async def serve_latent(http: HTTPRequest, request: Request, deadline: float) -> Response:
+        request.audio = False  # nobody will listen: do not spend the decoder on it
+        latent = await until_done(http, driver.generate(request), deadline)
         counts["completed"] += 1
         return Response(content=npy_bytes(latent), media_type="application/octet-stream")
 
-    @app.post("/generate")
-    async def generate(http: HTTPRequest) -> Response:
+    def audio_options(http: HTTPRequest, *, stream: bool) -> tuple[str, bool]:
+        """(format, normalize) from the query string; 404 without a decoder, 422 for bad ones."""
+        if session.decoder is None:
+            raise _Reject(404, "this server has no audio decoder (stream-dit serve --vae ...)")
+        query = http.query_params
+        unknown = sorted(set(query) - ({"format"} if stream else {"format", "normalize"}))
+        if unknown:
+            raise _Reject(422, [{"field": k, "reason": "unknown query parameter"} for k in unknown])
+        fmt = query.get("format", "f32")
+        if fmt not in WAV_FORMATS:
+            raise _Reject(422, [{"field": "format", "reason": f"must be one of {WAV_FORMATS}"}])
+        flag = query.get("normalize", "false").lower()
+        if flag not in ("true", "false", "1", "0"):
+            raise _Reject(422, [{"field": "normalize", "reason": "must be true or false"}])
+        return fmt, flag in ("true", "1")
+
+    async def serve_audio(
+        http: HTTPRequest, request: Request, deadline: float, fmt: str, normalize: bool
+    ) -> Response:
+        request.audio = True
+        audio = await until_done(http, driver.generate_audio(request), deadline)
+        if normalize:
+            audio = peak_normalize(audio)
+        counts["completed"] += 1
+        decoder = session.decoder
+        return Response(content=wav_bytes(audio, decoder.sample_rate, fmt), media_type="audio/wav")
+
+    async def stream_audio(
+        http: HTTPRequest, request: Request, deadline: float, fmt: str, release: Callable[[], None]
+    ) -> Response:
+        """A WAV whose header is sent with the first decoded piece and whose samples follow as
+        the decoder's windows finish. The status is decided by the first piece; a failure after
+        it ends the body early (a short file)."""
+        request.audio = True
+        pieces = driver.stream_audio(request)
+        first = await until_done(http, pieces.__anext__(), deadline)
+        decoder = session.decoder
+        header = wav_header(
+            request.frames * decoder.hop, decoder.audio_channels, decoder.sample_rate, fmt
+        )
+
+        async def body() -> AsyncIterator[bytes]:
+            try:
+                yield header + wav_samples(first, fmt)
+                while True:
+                    left = deadline - time.monotonic()
+                    try:
+                        piece = await asyncio.wait_for(pieces.__anext__(), max(0.0, left))
+                    except StopAsyncIteration:
+                        counts["completed"] += 1
+                        return
+                    except (asyncio.TimeoutError, RequestFailed) as exc:
+                        counts["stream_cut"] += 1
+                        _log.warning("audio stream ended early: %r", exc)
+                        return
+                    yield wav_samples(piece, fmt)
+            finally:
+                await pieces.aclose()
+                release()
+
+        # the background task runs after the body, and also when the body never started (the
+        # client left before the headers went out); release() runs once either way
+        return StreamingResponse(body(), media_type="audio/wav", background=BackgroundTask(release))
+
+    async def admit(
+        http: HTTPRequest, respond: Callable[..., Awaitable[Response]], *args: Any
+    ) -> Response:
+        """Read, validate and admit one request, then ``respond(http, request, deadline,
+        *args)``; every refusal is answered here with its status and reason."""
         nonlocal in_flight
         deadline = time.monotonic() + limits.request_timeout_s
         try:
@@ -423,18 +511,53 @@ def create_app(
                     {"Retry-After": str(limits.retry_after_s)},
                 )
             in_flight += 1
+            released = handed_over = False
+
+            def release() -> None:
+                nonlocal in_flight, released
+                if not released:
+                    released = True
+                    in_flight -= 1
+
             try:
-                return await serve_one(http, request, deadline)
+                if respond is stream_audio:
+                    response = await stream_audio(http, request, deadline, *args, release)
+                    handed_over = True  # the body's end releases the place
+                    return response
+                return await respond(http, request, deadline, *args)
             finally:
-                in_flight -= 1
+                if not handed_over:
+                    release()
         except _Reject as rej:
             if isinstance(rej, _TooLarge):
                 await _drain(http, rej, limits.max_body_bytes, deadline)
             counts[str(rej.status)] += 1
             return JSONResponse({"detail": rej.detail}, rej.status, headers=rej.headers)
-        except ClientDisconnect:
+        except (ClientDisconnect, _Gone):
             counts["disconnected"] += 1
-            return Response(status_code=499)
+            return Response(status_code=499)  # nobody is listening; for the access log
+
+    @app.post("/generate")
+    async def generate(http: HTTPRequest) -> Response:
+        return await admit(http, serve_latent)
+
+    async def audio_route(http: HTTPRequest, *, stream: bool) -> Response:
+        try:
+            fmt, normalize = audio_options(http, stream=stream)
+        except _Reject as rej:
+            counts[str(rej.status)] += 1
+            return JSONResponse({"detail": rej.detail}, rej.status)
+        if stream:
+            return await admit(http, stream_audio, fmt)
+        return await admit(http, serve_audio, fmt, normalize)
+
+    @app.post("/generate/audio")
+    async def generate_audio(http: HTTPRequest) -> Response:
+        return await audio_route(http, stream=False)
+
+    @app.post("/generate/audio/stream")
+    async def generate_audio_stream(http: HTTPRequest) -> Response:
+        return await audio_route(http, stream=True)
 
     @app.get("/health")
     async def health() -> JSONResponse:

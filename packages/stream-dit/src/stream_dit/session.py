@@ -8,6 +8,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +19,9 @@ from .guidance import apg, cfg_combine, cfg_rescale, dcw_correct, residual_negat
 from .ops.guided_euler import guided_euler_
 from .request import Request
 from .schedule import flow_schedule
+
+if TYPE_CHECKING:
+    from .decode.stage import AudioDecoder
 
 
 class QueueFullError(RuntimeError):
@@ -33,7 +37,13 @@ class Status(str, enum.Enum):
 
 
 class Handle:
-    """A submitted request: its status, progress and, once done, its ``(T, C)`` latent."""
+    """A submitted request: its status, progress and, once done, its ``(T, C)`` latent.
+
+    In a session with a decoder, ``status`` turns ``DONE`` when the latent is final and the
+    audio follows: ``audio`` is a ``(channels, T · hop)`` float32 host tensor whose first
+    ``audio_samples`` samples are final (listeners are called as it grows), ``audio_done`` says
+    all of it is, ``audio_error`` holds why decoding failed or stopped.
+    """
 
     def __init__(self, request: Request, ident: int) -> None:
         self.request = request
@@ -46,14 +56,28 @@ class Handle:
         self.intermediates: list[torch.Tensor] = []
         self._listeners: list[Callable[[Handle], None]] = []
         self._cancel_requested = False
+        self.audio: torch.Tensor | None = None
+        self.audio_samples = 0
+        self.audio_error: BaseException | None = None
 
     @property
     def finished(self) -> bool:
         return self.status in (Status.DONE, Status.FAILED, Status.CANCELLED)
 
+    @property
+    def audio_done(self) -> bool:
+        """Whether the whole audio is final (``False`` without a decoder)."""
+        return self.audio is not None and self.audio_samples == self.audio.shape[-1]
+
+    @property
+    def audio_pending(self) -> bool:
+        """Whether audio is still being decoded (neither done nor failed)."""
+        return self.audio is not None and not self.audio_done and self.audio_error is None
+
     def cancel(self) -> None:
-        """Ask for cancellation; a queued request leaves at once, an active one at the next tick."""
-        if not self.finished:
+        """Ask for cancellation; a queued request leaves at once, an active one at the next tick,
+        and audio still being decoded stops at the next decoder step."""
+        if not self.finished or self.audio_pending:
             self._cancel_requested = True
 
     def add_listener(self, fn: Callable[[Handle], None]) -> None:
@@ -132,6 +156,9 @@ class StreamSession:
         max_queue: queue capacity; :meth:`submit` raises :class:`QueueFullError` beyond it.
         fused_cfg: run plain CFG rows through the fused guidance + Euler kernel (else per slot).
         backend: backend of the fused kernel (see ``triton_dispatch.select_backend``).
+        decoder: a :class:`~stream_dit.decode.AudioDecoder`: finished latents of requests with
+            ``audio=True`` are decoded to ``Handle.audio`` in windows, on the decoder's own CUDA
+            stream, while the next ticks run (``None``: latents only).
     """
 
     def __init__(
@@ -144,6 +171,7 @@ class StreamSession:
         fused_cfg: bool = True,
         backend: str | None = None,
         cond_cache_size: int = 8,
+        decoder: AudioDecoder | None = None,
     ) -> None:
         if engine is None:
             from .engines import TorchEngine
@@ -157,8 +185,19 @@ class StreamSession:
             raise ValueError(f"depth={depth} exceeds the engine's batch ceiling {engine.max_batch}")
         if max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+        if decoder is not None:
+            from .decode.stage import AudioDecoder
+
+            if not isinstance(decoder, AudioDecoder):
+                raise TypeError(f"decoder must be an AudioDecoder, got {type(decoder).__name__}")
+            if decoder.latent_channels != engine.latent_channels:
+                raise ValueError(
+                    f"decoder takes {decoder.latent_channels} latent channels, the model makes "
+                    f"{engine.latent_channels}"
+                )
         self.adapter = adapter
         self.engine = engine
+        self.decoder = decoder
         self.depth = depth
         self.max_queue = max_queue
         self.fused_cfg = fused_cfg
@@ -198,7 +237,9 @@ class StreamSession:
 
     @property
     def idle(self) -> bool:
-        return not self._queue and self.active == 0
+        """Nothing queued, denoising or (with a decoder) being decoded."""
+        busy_decoder = self.decoder is not None and not self.decoder.idle
+        return not self._queue and self.active == 0 and not busy_decoder
 
     def submit(self, request: Request) -> Handle:
         """Validate ``request``, move its tensors to the device and queue it.
@@ -435,7 +476,19 @@ class StreamSession:
     @torch.no_grad()
     def tick(self) -> list[Handle]:
         """Advance every active request by one step in one batched forward (two when guided rows
-        exceed the engine's ceiling), refill free slots, and return the requests that finished."""
+        exceed the engine's ceiling), refill free slots, and return the requests that finished.
+
+        With a decoder, the latents that finished are queued for decoding and the decoder's
+        step runs last: it reports the audio the device has finished and launches the pending
+        windows (on its own CUDA stream, so they overlap the next ticks)."""
+        done = self._tick()
+        if self.decoder is not None:
+            # with no slot busy there is nothing to overlap: wait for the decoder instead of
+            # spinning on it
+            self.decoder.step(wait=self.active == 0 and not self._queue)
+        return done
+
+    def _tick(self) -> list[Handle]:
         self.ticks += 1
         if self._pending_shared is not None:
             self._shared, self._pending_shared = self._pending_shared, None
@@ -594,6 +647,8 @@ class StreamSession:
                 handle.status = Status.DONE
                 self._slots[slot.row] = None
                 done.append(handle)
+                if self.decoder is not None and handle.request.audio:
+                    self.decoder.submit(handle, handle.result)
             handle._notify()
         stats.finished = len(done)
         return done

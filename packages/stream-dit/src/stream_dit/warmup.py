@@ -51,11 +51,13 @@ class StreamWarmupReport(WarmupReport):
     guidance_calls: int = 0
     graphs_captured: int = 0
     compiled_graphs: int = 0
+    decoder_calls: int = 0
 
     def __str__(self) -> str:
+        decoder = f", {self.decoder_calls} audio decoder calls" if self.decoder_calls else ""
         return (
             f"warm-up: {self.forwards} engine forwards and {self.guidance_calls} fused guidance "
-            f"calls in {self.seconds:.2f} s; {self.graphs_captured} CUDA graphs captured, "
+            f"calls{decoder} in {self.seconds:.2f} s; {self.graphs_captured} CUDA graphs captured, "
             f"{self.compiled_graphs} torch.compile graphs, {self.compiled} Triton kernels "
             f"compiled, {self.loaded} loaded from Triton's cache"
         )
@@ -206,7 +208,8 @@ def warmup(
     Returns:
         a :class:`StreamWarmupReport`; ``str()`` of it is one line.
 
-    Nothing of the session is modified: no request is queued or admitted, its state, caches,
+    With an audio decoder, the session's decoder also runs once per batch bucket at its window
+    length (compiling or capturing those calls). Nothing of the session is modified: no request is queued or admitted, its state, caches,
     counters, handle ids and the random generators stay as they were, so a request served after
     the warm-up gives the same latent as one served without it.
     """
@@ -225,11 +228,19 @@ def warmup(
             for k in range(1, depth + 1):
                 calls.append(_guidance_call(state, k, padded, backend, dtypes))
                 guidance += 1
-    graphs_before = getattr(engine, "captured_graphs", 0)
+    decoder = session.decoder if session is not None else None
+    decoder_calls = decoder.warmup_calls() if decoder is not None else []
+    calls += decoder_calls
+
+    def graphs() -> int:
+        own = decoder.engine.captured_graphs if decoder is not None else 0
+        return getattr(engine, "captured_graphs", 0) + own
+
+    graphs_before = graphs()
     compiled_before = _torch_compile_graphs()
     with torch.no_grad():
         report = run_warmup(calls, device=engine.device)
-    graphs_after = getattr(engine, "captured_graphs", 0)
+    graphs_after = graphs()
     return StreamWarmupReport(
         seconds=report.seconds,
         calls=report.calls,
@@ -242,4 +253,5 @@ def warmup(
         guidance_calls=guidance,
         graphs_captured=graphs_after - graphs_before,
         compiled_graphs=max(0, _torch_compile_graphs() - compiled_before),
+        decoder_calls=len(decoder_calls),
     )

@@ -1,0 +1,294 @@
+"""Windowed audio decoding against diffusers' full ``vae.decode``, and DiT + decode end to end.
+
+    python3 packages/stream-dit/benchmarks/decode.py --out decode.json
+    python3 packages/stream-dit/benchmarks/decode.py --tiny            # CPU smoke test, seconds
+
+On CUDA (bf16, ACE-Step 1.5's published VAE ``AutoencoderOobleck`` and DiT, random weights):
+
+* ``decode_60s[mode,window,batch]``: one 60 s latent (1500 frames) decoded by the session's
+  decoder engine in windows (context from the receptive field, crossfade 1 frame) against
+  ``vae.decode`` of the same latent; GPU median (``do_bench``), wall time per call, the first
+  call (compilation and graph capture included) and peak memory of both; targets: >= 4x faster,
+  peak <= 1/4. ``extra`` holds the windowed result's largest difference from the full decode
+  (relative to its peak). ``decode_60s_tiled_baseline`` times diffusers' own tiled decode
+  (``vae.enable_tiling()``) for reference.
+* ``e2e_60s[cfg|nocfg]``: completions per second of 60 s of music, ACE-Step turbo schedule (8
+  steps, shift 3), depth 8, CUDA-graph DiT, every request decoded to audio; ``baseline_ms`` is the
+  same run without the decoder (tick loop alone), ``ours_ms`` with it, both per completion;
+  target: the decode adds <= 15 %. DEMON (arXiv 2605.28657) reports 12.3 completions/s on an
+  RTX 5090, a different GPU.
+
+``--tiny``: the tiny VAE and the tiny DiT on the host, 2 s of audio, eager: checks the script runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from stream_dit import Request, StreamSession, TorchEngine
+from stream_dit.decode import AudioDecoder, DecoderEngine, decode_windowed
+from stream_dit.model import build_denoiser
+from triton_dispatch.bench import (
+    BenchRecord,
+    benchmark_arguments,
+    environment,
+    median_ms,
+    peak_memory_bytes,
+    report,
+    synchronize,
+    wall_ms_per_call,
+)
+
+warnings.filterwarnings("ignore", message=".*weight_norm.*", category=FutureWarning)
+from stream_dit.decode.oobleck import OobleckAdapter, build_vae  # noqa: E402
+
+DEMON_COMPLETIONS_PER_S = 12.3  # arXiv 2605.28657, RTX 5090, 60 s of music
+
+
+def _first_call_ms(fn, device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def _decode_records(args, device, dtype, env) -> list[BenchRecord]:
+    vae = build_vae(args.vae, seed=0, device=device, dtype=dtype)
+    adapter = OobleckAdapter(vae)
+    frames = round(args.seconds * adapter.frame_rate)
+    context = adapter.receptive_field.context_frames()
+    gen = torch.Generator().manual_seed(0)
+    latent = torch.randn(adapter.latent_channels, frames, generator=gen).to(device, dtype)
+    shape = {"vae": args.vae, "seconds": args.seconds, "frames": frames, "dtype": str(dtype)}
+    rep = (2, 3) if args.tiny else (50, 200)
+
+    def full():
+        return vae.decode(latent[None]).sample
+
+    with torch.no_grad():
+        ref = full()[0].float()
+    peak_ref = float(ref.abs().max())
+    base_first = None  # the first full decode ran above
+    base_peak = peak_memory_bytes(full, device=device)
+    base_ms = median_ms(full, device=device, warmup=rep[0], rep=rep[1])
+    base_wall = wall_ms_per_call(full, device=device, calls=3 if args.tiny else 10, warmup=1)
+    records = []
+    for mode in args.modes:
+        for window in args.windows:
+            for batch in args.batches:
+                graph_lengths = None if mode == "eager" else (window,)
+                engine = DecoderEngine(
+                    adapter, max_batch=batch, mode=mode, graph_lengths=graph_lengths
+                )
+
+                def ours(engine=engine, window=window, batch=batch):
+                    return decode_windowed(
+                        engine, latent, hop=adapter.hop, window=window, context=context,
+                        crossfade=1, batch=batch,
+                    )  # fmt: skip
+
+                name = f"decode_{args.seconds:g}s[{mode},w{window},b{batch}]"
+                try:
+                    with torch.no_grad():
+                        first = _first_call_ms(ours, device)
+                        out = ours()
+                    err = float((out - ref).abs().max()) / peak_ref
+                    peak = peak_memory_bytes(ours, device=device)
+                    ms = median_ms(ours, device=device, warmup=rep[0], rep=rep[1])
+                    wall = wall_ms_per_call(ours, device=device, calls=3 if args.tiny else 10)
+                except Exception as exc:  # one failing variant must not lose the others
+                    print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+                    continue
+                ratio = base_ms / ms
+                mem = None if base_peak is None or peak is None else peak / base_peak
+                records.append(
+                    BenchRecord(
+                        name=name,
+                        shape={**shape, "mode": mode, "window": window, "batch": batch,
+                               "context": context, "crossfade": 1},
+                        baseline="diffusers AutoencoderOobleck.decode (full)",
+                        baseline_ms=base_ms,
+                        ours_ms=ms,
+                        baseline_peak_bytes=base_peak,
+                        ours_peak_bytes=peak,
+                        baseline_wall_ms=base_wall,
+                        ours_wall_ms=wall,
+                        env=env,
+                        extra={
+                            "first_call_ms": first,
+                            "baseline_first_call_ms": base_first,
+                            "max_abs_error_rel_peak": err,
+                            "speed_target": ">= 4x",
+                            "speed_reached": ratio >= 4,
+                            "memory_ratio": mem,
+                            "memory_target": "<= 0.25",
+                            "memory_reached": None if mem is None else mem <= 0.25,
+                        },
+                    )
+                )  # fmt: skip
+                print(f"{name}: {ms:.2f} ms vs {base_ms:.2f} ms ({ratio:.2f}x), "
+                      f"peak ratio {mem}, max error {err:.2e} of the peak", flush=True)  # fmt: skip
+    vae.enable_tiling()
+    tiled_ms = median_ms(full, device=device, warmup=rep[0], rep=rep[1])
+    records.append(
+        BenchRecord(
+            name=f"decode_{args.seconds:g}s_tiled_baseline",
+            shape=shape,
+            baseline="diffusers AutoencoderOobleck.decode (full)",
+            baseline_ms=base_ms,
+            ours_ms=tiled_ms,
+            baseline_peak_bytes=base_peak,
+            ours_peak_bytes=peak_memory_bytes(full, device=device),
+            env=env,
+            extra={"what": "diffusers' own tiled decode (enable_tiling, 512/64 frames)"},
+        )
+    )
+    vae.disable_tiling()
+    return records
+
+
+def _e2e(args, device, dtype, cfg: bool, with_decoder: bool) -> dict:
+    """Completions per second of ``args.requests`` requests of ``args.seconds`` at depth 8."""
+    model_name = "dit" if args.tiny else "ace-step"
+    preset = "tiny" if args.tiny else "published"
+    model = build_denoiser(model_name, preset, seed=0, device=device, dtype=dtype)
+    depth = args.depth
+    frames = round(args.seconds * 25)
+    engine = TorchEngine(
+        model, max_batch=2 * depth, max_frames=frames, max_cond_len=64, mode=args.dit_mode
+    )
+    decoder = None
+    if with_decoder:
+        vae = build_vae(args.vae, seed=0, device=device, dtype=dtype)
+        mode = args.modes[-1]
+        window, batch = args.windows[0], args.batches[0]
+        graph_lengths = None if mode == "eager" else (window,)
+        dec_engine = DecoderEngine(
+            OobleckAdapter(vae), max_batch=batch, mode=mode, graph_lengths=graph_lengths
+        )
+        decoder = AudioDecoder(dec_engine, window=window, crossfade=1)
+    session = StreamSession(
+        model, engine, depth=depth, max_queue=4 * args.requests, decoder=decoder
+    )
+    gen = torch.Generator().manual_seed(0)
+    cond_len = 4 if args.tiny else 64
+
+    def request(i: int) -> Request:
+        extra = {"cfg_type": "full", "guidance": 4.0} if cfg else {}
+        return Request(
+            frames=frames, cond=torch.randn(cond_len, model.cond_dim, generator=gen), seed=i,
+            steps=8, shift=3.0, **extra,
+        )  # fmt: skip
+
+    def run(n: int) -> float:
+        handles = [session.submit(request(i)) for i in range(n)]
+        synchronize(device)
+        start = time.perf_counter()
+        session.run_until_idle()
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        assert all(h.result is not None for h in handles)
+        if with_decoder:
+            assert all(h.audio_done for h in handles)
+        return elapsed
+
+    run(depth)  # captures, compiles, first decodes
+    elapsed = run(args.requests)
+    return {
+        "completions_per_s": args.requests / elapsed,
+        "ms_per_completion": 1e3 * elapsed / args.requests,
+        "ticks": session.ticks,
+        "decoder_calls": decoder.calls if decoder is not None else 0,
+    }
+
+
+def _e2e_records(args, device, dtype, env) -> list[BenchRecord]:
+    records = []
+    for cfg in (False, True):
+        name = f"e2e_{args.seconds:g}s[{'cfg' if cfg else 'nocfg'}]"
+        try:
+            alone = _e2e(args, device, dtype, cfg, with_decoder=False)
+            both = _e2e(args, device, dtype, cfg, with_decoder=True)
+        except Exception as exc:
+            print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        added = both["ms_per_completion"] / alone["ms_per_completion"] - 1.0
+        records.append(
+            BenchRecord(
+                name=name,
+                shape={"model": "dit/tiny" if args.tiny else "ace-step/published",
+                       "seconds": args.seconds, "depth": args.depth, "steps": 8, "shift": 3.0,
+                       "cfg": cfg, "requests": args.requests, "dit_engine": args.dit_mode,
+                       "decoder": f"{args.modes[-1]},w{args.windows[0]},b{args.batches[0]}"},
+                baseline="the same session without the decoder (tick loop alone)",
+                baseline_ms=alone["ms_per_completion"],
+                ours_ms=both["ms_per_completion"],
+                env=env,
+                extra={
+                    "completions_per_s": both["completions_per_s"],
+                    "completions_per_s_without_decode": alone["completions_per_s"],
+                    "decode_fraction_added": added,
+                    "target": "decode adds <= 15%",
+                    "reached": added <= 0.15,
+                    "demon_completions_per_s": DEMON_COMPLETIONS_PER_S,
+                    "demon_gpu": "RTX 5090 (not this GPU)",
+                    "with_decoder": both,
+                    "without_decoder": alone,
+                },
+            )
+        )  # fmt: skip
+        print(f"{name}: {both['completions_per_s']:.2f} completions/s with decode, "
+              f"{alone['completions_per_s']:.2f} without (+{100 * added:.1f}%)", flush=True)  # fmt: skip
+    return records
+
+
+def _ints(value: str) -> list[int]:
+    return [int(v) for v in value.split(",") if v.strip()]
+
+
+def main() -> None:
+    parser = benchmark_arguments(__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="tiny models on the host (seconds)")
+    parser.add_argument("--seconds", type=float, default=None, help="audio length (default 60)")
+    parser.add_argument("--vae", default=None, help="VAE preset (default ace-step; tiny)")
+    parser.add_argument(
+        "--modes", default=None, help="decoder modes (default eager,compile-graphs)"
+    )
+    parser.add_argument("--windows", default="128,256", help="window lengths in frames")
+    parser.add_argument("--batches", default="2,1", help="windows per decoder call")
+    parser.add_argument("--depth", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=None, help="timed e2e requests")
+    parser.add_argument("--dit-mode", default=None, help="DiT engine mode (default graphs)")
+    parser.add_argument("--skip-e2e", action="store_true")
+    args = parser.parse_args()
+    device = torch.device("cpu" if args.tiny else args.device)
+    on_gpu = device.type == "cuda"
+    if not on_gpu and not args.tiny:
+        raise SystemExit("the full benchmark needs CUDA; use --tiny on the host")
+    args.seconds = args.seconds or (2.0 if args.tiny else 60.0)
+    args.vae = args.vae or ("tiny" if args.tiny else "ace-step")
+    args.modes = (args.modes or ("eager" if args.tiny else "eager,compile-graphs")).split(",")
+    args.windows = _ints("32" if args.tiny and args.windows == "128,256" else args.windows)
+    args.batches = _ints("2" if args.tiny and args.batches == "2,1" else args.batches)
+    args.requests = args.requests or (2 if args.tiny else 32)
+    args.dit_mode = args.dit_mode or ("eager" if args.tiny else "graphs")
+    if args.tiny:
+        args.depth = min(args.depth, 2)
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+    env = environment(device)
+    records = _decode_records(args, device, dtype, env)
+    if not args.skip_e2e:
+        records += _e2e_records(args, device, dtype, env)
+    report(records, args.out, meta={"command": " ".join(sys.argv), "args": vars(args)})
+
+
+if __name__ == "__main__":
+    main()

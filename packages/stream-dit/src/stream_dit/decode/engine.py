@@ -1,0 +1,136 @@
+"""Runs an audio decoder on batches of equal-length windows: eager, ``torch.compile``d, or replayed
+from CUDA graphs, the way :class:`~stream_dit.engines.TorchEngine` runs the DiT."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import nn
+
+from triton_dispatch import next_power_of_2
+
+DecoderMode = Literal["eager", "compile", "graphs", "compile-graphs"]
+DECODER_MODES: tuple[str, ...] = ("eager", "compile", "graphs", "compile-graphs")
+
+__all__ = ["AUDIO_FORMAT", "DECODER_MODES", "DecoderEngine"]
+
+#: What an adapter tells about its audio; the engine and the decoder stage expose it too.
+AUDIO_FORMAT: tuple[str, ...] = ("hop", "latent_channels", "audio_channels", "sample_rate")
+
+
+class DecoderEngine:
+    """Calls ``adapter(z)`` for ``z`` of shape ``(B, latent_channels, L)``.
+
+    Args:
+        adapter: the decoder (an :class:`~stream_dit.decode.oobleck.OobleckAdapter` or any module
+            with ``hop``, ``latent_channels``, ``audio_channels``, ``sample_rate`` and
+            ``receptive_field``), in eval mode on its device.
+        max_batch: the most windows one call takes.
+        mode: ``"eager"``; ``"compile"`` (``torch.compile`` of the adapter, batches padded to
+            power-of-two buckets so few shapes compile); ``"graphs"`` (one CUDA graph per (batch
+            bucket, window length), captured on first use; the output is overwritten by the next
+            call); ``"compile-graphs"`` (the compiled adapter captured in those graphs).
+        graph_lengths: window lengths worth a graph or a compiled graph: other lengths (a
+            request shorter than one window) run the plain adapter, so odd lengths neither hold a
+            graph's memory nor recompile. ``None``: every length gets one.
+    """
+
+    def __init__(
+        self,
+        adapter: nn.Module,
+        *,
+        max_batch: int = 4,
+        mode: DecoderMode = "eager",
+        graph_lengths: tuple[int, ...] | None = None,
+    ) -> None:
+        if mode not in DECODER_MODES:
+            raise ValueError(f"mode must be one of {DECODER_MODES}, got {mode!r}")
+        if not isinstance(max_batch, int) or isinstance(max_batch, bool) or max_batch < 1:
+            raise ValueError(f"max_batch must be an int >= 1, got {max_batch!r}")
+        for name in AUDIO_FORMAT:
+            if not isinstance(getattr(adapter, name, None), int):
+                raise TypeError(f"adapter must have an int attribute {name!r}")
+            setattr(self, name, getattr(adapter, name))
+        param = next(adapter.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self._graphed = mode in ("graphs", "compile-graphs")
+        if self._graphed and self.device.type != "cuda":
+            raise ValueError(f"mode={mode!r} needs the decoder on a CUDA device")
+        self.adapter = adapter
+        self.mode = mode
+        self.max_batch = max_batch
+        self.receptive_field = adapter.receptive_field
+        self.graph_lengths = None if graph_lengths is None else tuple(graph_lengths)
+        self.reuses_output = self._graphed
+        compiled = mode in ("compile", "compile-graphs")
+        self._fn = torch.compile(adapter, dynamic=False) if compiled else adapter
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]]
+        self._graphs = {}
+        self._pool = None
+
+    @property
+    def captured_graphs(self) -> int:
+        """CUDA graphs captured so far (one per (batch bucket, window length))."""
+        return len(self._graphs)
+
+    def batch_bucket(self, batch: int) -> int:
+        if self.mode == "eager":
+            return batch
+        return min(next_power_of_2(batch), self.max_batch)
+
+    def _special(self, length: int) -> bool:
+        return self.graph_lengths is None or length in self.graph_lengths
+
+    @torch.no_grad()
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """Audio ``(B, audio_channels, L · hop)`` in the decoder's dtype (``z`` is cast to it)."""
+        if z.dim() != 3 or z.shape[1] != self.latent_channels:
+            raise ValueError(
+                f"z must be (B, {self.latent_channels}, L), got shape {tuple(z.shape)}"
+            )
+        if z.shape[0] > self.max_batch:
+            raise ValueError(f"batch {z.shape[0]} exceeds the decoder's ceiling {self.max_batch}")
+        z = z.to(self.device, self.dtype)
+        b, _, length = z.shape
+        if not self._special(length):
+            return self.adapter(z)
+        if self._graphed:
+            return self._replay(z)
+        bb = self.batch_bucket(b)
+        if bb != b:
+            z = torch.cat([z, z.new_zeros(bb - b, *z.shape[1:])])
+        return self._fn(z)[:b]
+
+    def __call__(self, z: torch.Tensor) -> torch.Tensor:
+        return self.forward(z)
+
+    def capture(self, batch: int, length: int) -> None:
+        """Capture (once) the CUDA graph of a (batch bucket, window length); later calls replay it."""
+        bb = self.batch_bucket(batch)
+        key = (bb, length)
+        if key in self._graphs:
+            return
+        static = torch.zeros(bb, self.latent_channels, length, device=self.device, dtype=self.dtype)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # allocations, cuDNN algorithm choice, compilation: outside
+                self._fn(static)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._fn(static)
+        self._graphs[key] = (graph, static, out)
+
+    def _replay(self, z: torch.Tensor) -> torch.Tensor:
+        b, _, length = z.shape
+        key = (self.batch_bucket(b), length)
+        if key not in self._graphs:
+            self.capture(b, length)
+        graph, static, out = self._graphs[key]
+        static[:b].copy_(z)  # rows are independent: stale rows past b change nothing we return
+        graph.replay()
+        return out[:b]
