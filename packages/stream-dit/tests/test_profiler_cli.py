@@ -60,3 +60,15 @@ def test_cli_bench_and_demo(tmp_path, capsys):
     assert "realtime" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["bench", "--engine", "tensorrt"])
+
+
+@pytest.mark.parametrize("command", [[], ["bench"], ["serve"], ["demo"]])
+def test_help_is_plain_text(command, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([*command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: stream-dit {' '.join(command)}".rstrip())
+    assert "``" not in out and ":class:" not in out and ":func:" not in out
+    if not command:
+        assert "stream-dit: serve the session over HTTP, bench the tick, run the demo" in out

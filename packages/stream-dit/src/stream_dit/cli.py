@@ -1,4 +1,4 @@
-"""``stream-dit``: ``serve`` the session over HTTP, ``bench`` the tick, run the ``demo``."""
+"""stream-dit: serve the session over HTTP, bench the tick, run the demo."""
 
 from __future__ import annotations
 

@@ -33,7 +33,17 @@ def load_data(generator: torch.Generator) -> tuple[torch.Tensor, str]:
     return data, "scikit-learn digits"
 
 
+#: steps of a run that are not timed (k-means init and warm-up), when the run has more than these
+WARMUP_STEPS = 10
+
+
 def train(steps: int = 100, batch: int = 256, device: str | None = None) -> dict:
+    """Train for ``steps`` steps (at least 1) of ``batch`` rows and return the figures. Steps after
+    the first :data:`WARMUP_STEPS` are timed; a run of no more steps than that times them all."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive integer, got {steps!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"batch must be a positive integer, got {batch!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     g = torch.Generator().manual_seed(0)
     data, source = load_data(g)
@@ -43,18 +53,20 @@ def train(steps: int = 100, batch: int = 256, device: str | None = None) -> dict
         64, 32, 3, decay=0.95, commitment_weight=0.25, kmeans_init=True, dead_threshold=10
     ).to(device)
     restarted = 0
-    start = None
+    # time steady-state steps only (k-means init and warm-up excluded), unless there are none
+    warmup = WARMUP_STEPS if steps > WARMUP_STEPS else 0
+    start = time.perf_counter()
     for step in range(steps):
         idx = torch.randint(0, data.shape[0], (batch,), generator=g).to(device)
         out = rvq(data[idx])
         restarted += int(out.restarted.sum())
-        if step == 9:  # time steady-state steps only (k-means init and warm-up excluded)
+        if step + 1 == warmup:
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
             start = time.perf_counter()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    ms_per_step = (time.perf_counter() - start) * 1e3 / max(steps - 10, 1)
+    ms_per_step = (time.perf_counter() - start) * 1e3 / (steps - warmup)
     rvq.eval()
     with torch.no_grad():
         out = rvq(data)
@@ -71,6 +83,7 @@ def train(steps: int = 100, batch: int = 256, device: str | None = None) -> dict
         "codebook_size": 32,
         "dead_codes_restarted": restarted,
         "ms_per_step": ms_per_step,
+        "timed_steps": steps - warmup,
         "device": device,
     }
 
@@ -95,12 +108,51 @@ def run_demo(output_dir: Path) -> DemoResult:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of the usage block
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+_positive_int.__name__ = "integer"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vq-kernels", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["demo"], help="demo: train and report the figures")
+    parser.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=100,
+        metavar="N",
+        help=f"training steps of 256 rows, at least 1; the first {WARMUP_STEPS} (k-means init "
+        f"and warm-up) are not timed when there are more (default: 100)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write the figures as vq_kernels_demo.json into this directory, created if "
+        "needed (default: print them only)",
+    )
+    return parser
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="vq-kernels", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["demo"])
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
+    parser = _parser()
     args = parser.parse_args(argv)
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        parser.error(f"argument --out: {args.out} exists and is not a directory")
     stats = train(steps=args.steps)
     for key, value in stats.items():
         print(f"{key:>30}: {value}")
