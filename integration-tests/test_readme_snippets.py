@@ -104,8 +104,10 @@ def test_readme_snippet_runs(snippet: Snippet, tmp_path):
         pytest.skip("continues a block marked skip")
     code = "\n\n".join(s.code for s in chain)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = tmp_path / "snippet.py"  # as a user saves it (Triton reads a kernel's source file)
+    script.write_text(code)
     proc = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, str(script)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
