@@ -67,7 +67,8 @@ def _decode_records(args, device, dtype, env) -> list[BenchRecord]:
     context = adapter.receptive_field.context_frames()
     gen = torch.Generator().manual_seed(0)
     latent = torch.randn(adapter.latent_channels, frames, generator=gen).to(device, dtype)
-    shape = {"vae": args.vae, "seconds": args.seconds, "frames": frames, "dtype": str(dtype)}
+    shape = {"vae": args.vae, "seconds": args.seconds, "frames": frames, "dtype": str(dtype),
+             "cudnn_benchmark": args.cudnn_benchmark}  # fmt: skip
     rep = (2, 3) if args.tiny else (50, 200)
 
     def full():
@@ -268,7 +269,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=None, help="timed e2e requests")
     parser.add_argument("--dit-mode", default=None, help="DiT engine mode (default graphs)")
     parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument(
+        "--cudnn-benchmark", action="store_true",
+        help="let cuDNN time its convolution algorithms per shape (the full decode's too)",
+    )  # fmt: skip
     args = parser.parse_args()
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     device = torch.device("cpu" if args.tiny else args.device)
     on_gpu = device.type == "cuda"
     if not on_gpu and not args.tiny:

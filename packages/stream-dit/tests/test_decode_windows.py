@@ -140,3 +140,22 @@ def test_plan_covers_the_latent_with_equal_windows():
 def test_plan_refuses_bad_arguments(args, match):
     with pytest.raises(ValueError, match=match):
         plan_windows(*args)
+
+
+def test_engine_times_cudnn_algorithms_only_inside_its_calls():
+    from stream_dit.decode import DecoderEngine
+
+    _, adapter = tiny_decoder()
+    seen = []
+    hook = adapter.register_forward_pre_hook(
+        lambda module, args: seen.append(torch.backends.cudnn.benchmark)
+    )
+    before = torch.backends.cudnn.benchmark
+    z = torch.randn(1, adapter.latent_channels, 6)
+    try:
+        for flag in (True, False):
+            DecoderEngine(adapter, max_batch=1, cudnn_benchmark=flag)(z)
+    finally:
+        hook.remove()
+    assert seen == [True, before]
+    assert torch.backends.cudnn.benchmark == before
