@@ -86,23 +86,13 @@ def test_backward_compiled_ahead_takes_each_launchs_arguments(method, layout, nq
     # per-call arguments (a wrong count raises TypeError): dense, owner and atomic grad_D passes,
     # the split grad_Q and its finishing pass, the normalize passes
     from late_interaction_kernels.ops.maxsim.backward_plan import BackwardPlan
-    from triton_dispatch.launch import KernelLaunch
-
-    counted = []
-    original = KernelLaunch.compile_ahead
-
-    def count(self, *args):
-        counted.append(len(args) == len(self.free))
-        return original(self, *args)
+    from triton_dispatch.testing import recorded_compile_aheads
 
     pairs = nq * nd if layout == 0 else nq
     plan = BackwardPlan(
         layout, nq, nd, lq, nq * lq, pairs * 16 if layout else nd * 16, 32, torch.float16,
         torch.device("cpu"), method, True, True, normalize,
     )  # fmt: skip
-    KernelLaunch.compile_ahead = count
-    try:
+    with recorded_compile_aheads() as calls:
         plan.compile_ahead()
-    finally:
-        KernelLaunch.compile_ahead = original
-    assert counted and all(counted)
+    assert calls and all(len(free) == n for free, n in calls)

@@ -95,25 +95,15 @@ def test_ema_update_plans_follow_metadata(rng, monkeypatch):
 def test_update_compiled_ahead_takes_the_launch_arguments(rng):
     # off the GPU nothing compiles, but the launch is built and its per-call arguments counted
     # (a wrong count raises TypeError), for the small-batch and the cooperative kernel
-    from triton_dispatch.launch import KernelLaunch
+    from triton_dispatch.testing import recorded_compile_aheads
     from vq_kernels.ops.ema_update.kernels import compile_update_ahead, small_update_fits
-
-    counted = []
-    original = KernelLaunch.compile_ahead
-
-    def count(self, *args):
-        counted.append((self.free, len(args)))
-        return original(self, *args)
 
     levels, codes, dim = 2, 16, 8
     codebook, size, embed_sum, counter = make_state(levels, codes, dim, rng=rng)
-    for batch in (8, 1 << 20):
-        assert small_update_fits(batch, codes, dim) == (batch == 8)
-        KernelLaunch.compile_ahead = count
-        try:
+    with recorded_compile_aheads() as counted:
+        for batch in (8, 1 << 20):
+            assert small_update_fits(batch, codes, dim) == (batch == 8)
             compile_update_ahead(
                 torch.float32, batch, codebook, size, embed_sum, counter, 0.99, 1e-5, 1.0,
             )  # fmt: skip
-        finally:
-            KernelLaunch.compile_ahead = original
     assert [n for _, n in counted] == [len(free) for free, _ in counted] and len(counted) == 2

@@ -14,6 +14,8 @@ from typing import Literal, get_args
 
 import torch
 
+from .host_build import install_fast_host_builds
+
 Backend = Literal["triton", "interpret", "torch"]
 BackendRequest = Literal["auto", "triton", "interpret", "torch"]
 
@@ -154,8 +156,6 @@ def select_backend(
 
 def _compiled_triton() -> Backend:
     # the first compiled call of a process is where Triton will build its launchers
-    from .host_build import install_fast_host_builds
-
     install_fast_host_builds()
     return "triton"
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import re
 import shutil
 import subprocess
 import sysconfig
@@ -51,6 +50,7 @@ def fast_build(
     """Build ``src`` into the shared object ``srcdir/<name><EXT_SUFFIX>`` as Triton 3.6's
     ``_build`` does (same compiler choice, include and library flags) at :data:`OPT_LEVEL`."""
     from triton import knobs
+    from triton.runtime.build import _library_flag
 
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     so = os.path.join(srcdir, f"{name}{suffix}")
@@ -70,13 +70,6 @@ def fast_build(
     return so
 
 
-def _library_flag(lib: str) -> str:
-    # a file name (libcuda.so.1, libfoo.a) links by that name, anything else as -l<lib>
-    if re.search(r"\.so(\.\d+)*$", lib) or lib.endswith(".a"):
-        return f"-l:{lib}"
-    return f"-l{lib}"
-
-
 def _hook_matches() -> bool:
     """Whether this Triton has the build hook and the ``_build`` this module mirrors."""
     try:
@@ -84,7 +77,9 @@ def _hook_matches() -> bool:
         from triton.runtime import build
     except ImportError:
         return False
-    if not hasattr(getattr(knobs, "build", None), "impl") or not hasattr(build, "_build"):
+    if not all(hasattr(build, name) for name in ("_build", "_library_flag")):
+        return False
+    if not hasattr(getattr(knobs, "build", None), "impl"):
         return False
     return list(inspect.signature(build._build).parameters) == _BUILD_PARAMETERS
 

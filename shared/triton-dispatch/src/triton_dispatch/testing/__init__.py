@@ -243,6 +243,7 @@ from ..bad_inputs import (  # noqa: E402
     bad_input_params,
     check_bad_input,
 )
+from .compile_ahead_calls import recorded_compile_aheads  # noqa: E402
 from .ranks import RankFailed, run_ranks  # noqa: E402
 
 __all__ = [
@@ -266,6 +267,7 @@ __all__ = [
     "rand_mask",
     "randint",
     "randn",
+    "recorded_compile_aheads",
     "relative_error",
     "run_ranks",
     "seed_for",
