@@ -14,7 +14,7 @@ import time
 import torch
 
 from late_interaction_kernels import maxsim
-from late_interaction_kernels.ops.varlen.layout import check_offsets, pad
+from late_interaction_kernels.ops.common.packed import check_offsets, pad
 from late_interaction_kernels.varlen import maxsim_varlen
 from triton_dispatch.bench import benchmark_arguments, compare, report
 

@@ -11,7 +11,7 @@ import pytest
 # covers the search).
 os.environ.setdefault("LATE_INTERACTION_KERNELS_AUTOTUNE", "0")
 
-from late_interaction_kernels.ops.maxsim import buffers
+from late_interaction_kernels.ops.common import buffers
 
 
 @pytest.fixture(autouse=True)

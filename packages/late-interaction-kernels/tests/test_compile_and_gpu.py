@@ -9,7 +9,9 @@ from late_interaction_kernels.ops.maxsim import maxsim_varlen
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from triton_dispatch.testing import assert_close, assert_gradients_match, rand_mask, randn
 
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim:DeprecationWarning"
+)
 
 gpu = pytest.mark.gpu
 
@@ -40,7 +42,9 @@ def test_fullgraph_compile_on_cpu(rng, backend):
 @pytest.mark.parametrize("method", ["unified", "lowmem"])
 def test_bf16_on_gpu(rng, method):
     Q = randn((8, 32, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    D = randn((16, 300, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn(
+        (16, 300, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
     dm = rand_mask((16, 300), generator=rng, device="cuda")
     assert_gradients_match(
         lambda q, d: maxsim(q, d, None, dm, backward=method),
@@ -60,7 +64,9 @@ def test_dense_lowmem_on_gpu(rng, normalize):
 
     assert uses_dense_kernel(1, 6, 32) and uses_dense_kernel(0, 1, 32)
     Q = randn((6, 32, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    D = randn((6, 8, 300, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn(
+        (6, 8, 300, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
     dm = rand_mask((6, 8, 300), generator=rng, device="cuda")
     assert_gradients_match(
         lambda q, d: maxsim(q, d, None, dm, normalize=normalize, backward="lowmem"),
@@ -70,7 +76,9 @@ def test_dense_lowmem_on_gpu(rng, normalize):
         names=["Q", "D"],
     )
     Q = randn((1, 32, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    D = randn((500, 300, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn(
+        (500, 300, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
     assert_gradients_match(
         lambda q, d: maxsim(q, d, normalize=normalize),
         lambda q, d: maxsim_reference(q, d, normalize=normalize),
@@ -84,7 +92,9 @@ def test_dense_lowmem_on_gpu(rng, normalize):
 @pytest.mark.parametrize("lq", [32, 128, 1030])
 def test_gpu_shapes_against_reference(rng, lq):
     Q = randn((4, lq, 96), generator=rng, device="cuda", dtype=torch.float16, requires_grad=True)
-    D = randn((4, 3, 257, 96), generator=rng, device="cuda", dtype=torch.float16, requires_grad=True)
+    D = randn(
+        (4, 3, 257, 96), generator=rng, device="cuda", dtype=torch.float16, requires_grad=True
+    )
     assert_gradients_match(maxsim, maxsim_reference, [Q, D], generator=rng, names=["Q", "D"])
 
 
@@ -98,19 +108,25 @@ def test_gpu_varlen_and_pairs(rng):
     from late_interaction_kernels.ops.maxsim.reference import maxsim_varlen_reference
 
     out = maxsim_varlen(Qp, Dp, cu_q, cu_d, 40, 300)
-    assert_close(out, maxsim_varlen_reference(Qp.double(), Dp.double(), cu_q, cu_d), dtype=torch.bfloat16)
+    assert_close(
+        out, maxsim_varlen_reference(Qp.double(), Dp.double(), cu_q, cu_d), dtype=torch.bfloat16
+    )
     Q = randn((5, 32, 64), generator=rng, device="cuda", dtype=torch.bfloat16)
     D = randn((5, 77, 64), generator=rng, device="cuda", dtype=torch.bfloat16)
     from late_interaction_kernels.ops.maxsim.reference import maxsim_pairs_reference
 
-    assert_close(maxsim_pairs(Q, D), maxsim_pairs_reference(Q.double(), D.double()), dtype=torch.bfloat16)
+    assert_close(
+        maxsim_pairs(Q, D), maxsim_pairs_reference(Q.double(), D.double()), dtype=torch.bfloat16
+    )
 
 
 @gpu
 def test_inductor_fullgraph_on_gpu(rng):
     torch._dynamo.reset()
     Q = randn((4, 32, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    D = randn((4, 2, 100, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn(
+        (4, 2, 100, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
     # scores of 32 tokens at d=128 are in the hundreds: scaled down so that the softmax is not
     # saturated, whose gradients (exp of minus a few hundred) underflow in fp32 but not in float64
     step = torch.compile(lambda q, d: (maxsim(q, d) / 64).softmax(-1)[:, 0].sum(), fullgraph=True)
@@ -126,7 +142,9 @@ def test_inductor_fullgraph_on_gpu(rng):
 @pytest.mark.parametrize("method", ["unified", "lowmem"])
 def test_cuda_graph_capture(rng, method):
     Q = randn((8, 32, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    D = randn((8, 4, 64, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn(
+        (8, 4, 64, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
 
     def step():
         Q.grad = D.grad = None
@@ -185,7 +203,11 @@ def test_autotuned_kernels_on_gpu(tmp_path):
         os.environ, LATE_INTERACTION_KERNELS_AUTOTUNE="1", TRITON_DISPATCH_CACHE_DIR=str(tmp_path)
     )
     proc = subprocess.run(
-        [sys.executable, "-c", _AUTOTUNED_CHECK], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _AUTOTUNED_CHECK],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert list(tmp_path.glob("late_interaction_kernels.maxsim_fwd_kernel-*.json"))
@@ -200,10 +222,16 @@ def test_gpu_varlen_all_pairs_on_packed_tokens(rng, method):
     from late_interaction_kernels.varlen import maxsim_varlen as all_pairs
 
     lens_q, lens_d = [3, 40, 17, 600], [300, 5, 0, 129, 1030]
-    Qp = randn((sum(lens_q), 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    Dp = randn((sum(lens_d), 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    Qp = randn(
+        (sum(lens_q), 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
+    Dp = randn(
+        (sum(lens_d), 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
     cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], device="cuda")
-    cu_d = torch.tensor([0, *torch.tensor(lens_d).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    cu_d = torch.tensor(
+        [0, *torch.tensor(lens_d).cumsum(0).tolist()], device="cuda", dtype=torch.int32
+    )
     assert_gradients_match(
         lambda q, d: all_pairs(q, d, cu_q, cu_d, backward=method),
         lambda q, d: maxsim_reference_varlen(q, d, cu_q, cu_d),
@@ -220,14 +248,17 @@ def test_tma_forward_on_gpu(rng, lq, normalize):
     """Long bf16 queries take the TMA kernel on Hopper (one 200-row chunk looped in 128-row
     blocks; 128-token chunks of a 700-token query): scores with masks, and gradients through its
     argmax, against float64."""
-    from late_interaction_kernels.ops import tma
-    from late_interaction_kernels.ops.maxsim import _MAXSIM_PLANS, forward
+    from late_interaction_kernels.ops.common import tma
+    from late_interaction_kernels.ops.maxsim import forward
+    from late_interaction_kernels.ops.maxsim.plan import MAXSIM_PLANS
 
     Q = randn((3, lq, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    D = randn((2, 4, 301, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    D = randn(
+        (2, 4, 301, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True
+    )
     qm = rand_mask((3, lq), generator=rng, device="cuda")
     dm = rand_mask((2, 4, 301), generator=rng, device="cuda")
-    _MAXSIM_PLANS.clear()
+    MAXSIM_PLANS.clear()
     forward.FORWARD_PLANS.clear()
     with torch.no_grad():
         got = maxsim(Q[:2], D, qm[:2], dm, normalize=normalize)

@@ -12,8 +12,9 @@ import torch
 import triton
 
 from late_interaction_kernels import maxsim, maxsim_varlen
-from late_interaction_kernels.ops import tma
-from late_interaction_kernels.ops.maxsim import _MAXSIM_PLANS, forward
+from late_interaction_kernels.ops.common import tma
+from late_interaction_kernels.ops.maxsim import forward
+from late_interaction_kernels.ops.maxsim.plan import MAXSIM_PLANS
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from late_interaction_kernels.ops.varlen.reference import maxsim_varlen_all_pairs_reference
 from triton_dispatch import interpreter_enabled
@@ -29,10 +30,10 @@ def tma_forced(monkeypatch):
     monkeypatch.setattr(tma, "tma_supported", lambda device: True)
     monkeypatch.setattr(forward, "TMA_MIN_QUERY_LEN", 1)
     forward.FORWARD_PLANS.clear()
-    _MAXSIM_PLANS.clear()
+    MAXSIM_PLANS.clear()
     yield
     forward.FORWARD_PLANS.clear()
-    _MAXSIM_PLANS.clear()
+    MAXSIM_PLANS.clear()
 
 
 def _generic_launch_forbidden():
@@ -135,10 +136,10 @@ def per_tile_reduction(monkeypatch):
         config = triton.Config({**blocks, "TILE_MAX": False}, num_warps=4, num_stages=1)
         monkeypatch.setattr(kernel, "configs", [config])
     forward.FORWARD_PLANS.clear()
-    _MAXSIM_PLANS.clear()
+    MAXSIM_PLANS.clear()
     yield
     forward.FORWARD_PLANS.clear()
-    _MAXSIM_PLANS.clear()
+    MAXSIM_PLANS.clear()
 
 
 @pytest.mark.parametrize("nq", [1, 5], ids=["one-query", "query-groups"])

@@ -16,9 +16,7 @@ from triton_dispatch.testing import assert_close, assert_gradients_match
 NQ, LQ, ND, LD, H, DIM = 2, 3, 5, 4, 12, 8
 
 
-def _inputs(
-    rng, *, bias=True, shape=(NQ, LQ, ND, LD, H, DIM), dtype=torch.float32, device="cpu"
-):
+def _inputs(rng, *, bias=True, shape=(NQ, LQ, ND, LD, H, DIM), dtype=torch.float32, device="cpu"):
     nq, lq, nd, ld, h, dim = shape
     Q = torch.nn.functional.normalize(torch.randn(nq, lq, dim, generator=rng), dim=-1)
     H_d = torch.randn(nd, ld, h, generator=rng)
@@ -151,7 +149,7 @@ def test_fused_and_torch_paths_agree(rng, device):
 
 
 def test_fused_path_never_projects_the_documents(rng, monkeypatch, device):
-    import late_interaction_kernels.ops.maxsim_from_hidden as module
+    import late_interaction_kernels.ops.maxsim_from_hidden.dispatch as module
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the Triton path built the projected documents")
@@ -270,7 +268,7 @@ def test_fullgraph_compile_of_the_fused_path(rng):
 
 def test_fused_none_picks_by_measured_speed(rng, monkeypatch, device):
     """Inference with few query rows takes the fused kernel; training takes the chunks."""
-    import late_interaction_kernels.ops.maxsim_from_hidden as module
+    import late_interaction_kernels.ops.maxsim_from_hidden.dispatch as module
 
     calls = []
     real = module.project

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from late_interaction_kernels import maxsim, maxsim_pairs
+from late_interaction_kernels.ops.common.layout import ALL_PAIRS
 from late_interaction_kernels.ops.maxsim import backward_plan, forward, maxsim_varlen
 from late_interaction_kernels.ops.maxsim.forward import maxsim_forward_triton
-from late_interaction_kernels.ops.maxsim.layout import ALL_PAIRS
 from late_interaction_kernels.ops.maxsim.reference import (
     maxsim_pairs_reference,
     maxsim_reference,
@@ -26,8 +26,11 @@ def _method(monkeypatch, method: str) -> str:
         return "lowmem"
     return method
 
+
 # Triton's interpreter turns its one-element loop bounds into ints the way NumPy deprecates
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim:DeprecationWarning"
+)
 
 
 def _inputs(rng, device, q_shape, d_shape, dtype=torch.float32):
@@ -311,7 +314,11 @@ def test_nan_propagates_without_crashing(rng, device):
     out = maxsim(Q, D, None, dm)
     ref = maxsim_reference(Q.detach().double(), D.detach().double(), None, dm)
     assert torch.equal(torch.isnan(out.cpu()), torch.isnan(ref.cpu()))
-    assert torch.isnan(out[0]).all() and torch.isnan(out[1, 1]) and not torch.isnan(out[1, [0, 2]]).any()
+    assert (
+        torch.isnan(out[0]).all()
+        and torch.isnan(out[1, 1])
+        and not torch.isnan(out[1, [0, 2]]).any()
+    )
     out.nansum().backward()  # never crashes
 
 

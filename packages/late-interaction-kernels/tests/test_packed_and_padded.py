@@ -37,15 +37,16 @@ def test_varlen_all_pairs_with_independent_counts(rng, backend):
     )  # fmt: skip
 
 
-
-@pytest.mark.parametrize(("method", "normalize", "split"), [("unified", False, False), ("lowmem", True, True)])
+@pytest.mark.parametrize(
+    ("method", "normalize", "split"), [("unified", False, False), ("lowmem", True, True)]
+)
 def test_varlen_all_pairs_runs_on_the_packed_tokens(rng, monkeypatch, method, normalize, split):
     """The kernels read the packed tokens through the offsets: no padded copy (``pad`` is never
     called). Packed rows before ``cu[0]`` and after ``cu[-1]`` belong to no sequence and get a
     zero gradient; a query longer than one chunk is scored in chunks; ``split``: grad_Q splits
     each query's documents over programs (partial sums), as on a GPU with many documents."""
-    from late_interaction_kernels.ops import varlen
     from late_interaction_kernels.ops.maxsim import backward_plan, forward
+    from late_interaction_kernels.ops.varlen import dispatch as varlen
 
     if split:
         monkeypatch.setattr(backward_plan, "DOCS_PER_SPLIT", 1)
@@ -64,6 +65,7 @@ def test_varlen_all_pairs_runs_on_the_packed_tokens(rng, monkeypatch, method, no
         lambda q, d: maxsim_reference_varlen(unit(q), unit(d), cu_q, cu_d),
         [Q, D], generator=rng, names=["Q_packed", "D_packed"],
     )  # fmt: skip
+
 
 def test_varlen_max_seqlen_is_a_bound(rng):
     Q, cu_q = _packed(rng, [3, 1])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from late_interaction_kernels import maxsim
-from late_interaction_kernels.ops.maxsim import _MAXSIM_PLANS
+from late_interaction_kernels.ops.maxsim.plan import MAXSIM_PLANS
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from triton_dispatch.testing import assert_close, rand_mask, randn
 
@@ -32,11 +32,11 @@ def _variants(rng):
 
 
 def test_plans_are_reused_only_for_their_metadata(rng, monkeypatch):
-    _MAXSIM_PLANS.clear()
+    MAXSIM_PLANS.clear()
     for label, Q, D, qm, dm, hit in _variants(rng):
-        hits, misses = _MAXSIM_PLANS.hits, _MAXSIM_PLANS.misses
+        hits, misses = MAXSIM_PLANS.hits, MAXSIM_PLANS.misses
         got = maxsim(Q, D, qm, dm, normalize=False)
-        assert (_MAXSIM_PLANS.hits - hits, _MAXSIM_PLANS.misses - misses) == (
+        assert (MAXSIM_PLANS.hits - hits, MAXSIM_PLANS.misses - misses) == (
             (1, 0) if hit else (0, 1)
         ), label
         want = maxsim_reference(Q.double(), D.double(), qm, dm)
@@ -55,7 +55,7 @@ def test_training_calls_reuse_one_planned_autograd_node(rng):
     the plan and still matches the float64 reference."""
     from triton_dispatch.testing import assert_gradients_match
 
-    _MAXSIM_PLANS.clear()
+    MAXSIM_PLANS.clear()
     wide = randn((2, 3, 16), generator=rng)
     for call, Q in enumerate([randn((2, 3, 8), generator=rng), wide[..., ::2], wide[..., 1::2]]):
         Q = Q.detach().requires_grad_()
@@ -75,13 +75,17 @@ def test_training_calls_reuse_one_planned_autograd_node(rng):
             [Q, D], generator=rng, names=["Q", "D"],
         )  # fmt: skip
     # contiguous Q, then two strided Qs sharing one plan (the key holds contiguity, not strides)
-    assert _MAXSIM_PLANS.misses == 2 and _MAXSIM_PLANS.hits >= 2
+    assert MAXSIM_PLANS.misses == 2 and MAXSIM_PLANS.hits >= 2
 
 
 @pytest.mark.parametrize("method", ["unified", "lowmem"])
-@pytest.mark.parametrize("layout, nq, nd, lq", [(0, 4, 6, 8), (2, 4, 4, 8), (0, 1, 3, 300), (0, 1, 40, 8)])
+@pytest.mark.parametrize(
+    "layout, nq, nd, lq", [(0, 4, 6, 8), (2, 4, 4, 8), (0, 1, 3, 300), (0, 1, 40, 8)]
+)
 @pytest.mark.parametrize("normalize", [False, True])
-def test_backward_compiled_ahead_takes_each_launchs_arguments(method, layout, nq, nd, lq, normalize):
+def test_backward_compiled_ahead_takes_each_launchs_arguments(
+    method, layout, nq, nd, lq, normalize
+):
     # off the GPU nothing compiles, but every launch a backward kind would run is handed its
     # per-call arguments (a wrong count raises TypeError): dense, owner and atomic grad_D passes,
     # the split grad_Q and its finishing pass, the normalize passes

@@ -88,7 +88,7 @@ def test_fused_topk_matches_reference(largest, normalize, masks, rng):
 def test_fused_topk_with_several_queries(nq, lq, ld, rng, monkeypatch):
     # each query keeps its own running state beside the others (batches are the chunked path's
     # by default: opened to the kernel here)
-    from late_interaction_kernels.ops import maxsim_topk as op
+    from late_interaction_kernels.ops.maxsim_topk import dispatch as op
 
     monkeypatch.setattr(op, "FUSED_MAX_QUERIES", 64)
     Q, D, q_mask, d_mask = _collection(rng, nq, 11, lq, ld, 16)
@@ -111,7 +111,7 @@ def test_running_topk_through_many_windows(order, largest, rng, monkeypatch):
     """Small merge windows (16 offers, a ring of 4), so 150 documents fill the ring several times
     over: rising scores offer every document (the worst order), equal scores tie everywhere (the
     earlier documents win), NaN scores rank as in ``torch.topk``."""
-    from late_interaction_kernels.ops import maxsim_topk as op
+    from late_interaction_kernels.ops.maxsim_topk import dispatch as op
     from late_interaction_kernels.ops.maxsim_topk import launch
 
     monkeypatch.setattr(launch, "MIN_SORT", 32)
@@ -240,15 +240,15 @@ def test_fp8_tma_kernel_on_stand_in_operands(scales, nq, lq, ld, rng, monkeypatc
     """The Hopper path (document tiles through a TMA descriptor), forced open under the
     interpreter: a tile that runs past its document reads the next one's rows (or zeros past the
     tensor), which the column mask must drop."""
-    from late_interaction_kernels.ops import tma
-    from late_interaction_kernels.ops.maxsim_fp8 import _uses_tma
+    from late_interaction_kernels.ops.common import tma
+    from late_interaction_kernels.ops.maxsim_fp8.launch import uses_tma
 
     monkeypatch.setattr(tma, "tma_supported", lambda device: True)
     Q, D, q_mask, d_mask = _collection(rng, nq, 7, lq, ld, 32, dtype=torch.float16)
     # per-token query scales; the documents' scale is one number on this path
     sq = torch.rand(nq, lq, generator=rng) + 0.5 if scales == "token" else torch.tensor(0.9)
     sd = torch.tensor(1.1)
-    assert _uses_tma(Q, D, sd) and not _uses_tma(Q, D, torch.ones(7, ld))
+    assert uses_tma(Q, D, sd) and not uses_tma(Q, D, torch.ones(7, ld))
     got = maxsim_inference_fp8(
         Q, D, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask, backend="interpret"
     )
@@ -370,7 +370,7 @@ def test_topk_gpu_running_state_under_load(order, nq, k, rng):
         "shuffled": torch.randperm(nd, generator=rng).float(),
         "equal": torch.zeros(nd),
     }[order]
-    D = (torch.rand(nd, 24, 64, generator=rng) * 0.01 + (1 + level / nd)[:, None, None])
+    D = torch.rand(nd, 24, 64, generator=rng) * 0.01 + (1 + level / nd)[:, None, None]
     D = D.to("cuda", torch.bfloat16)
     if order == "equal":
         D = D[:1].expand(nd, 24, 64).contiguous()

@@ -21,7 +21,7 @@ from triton_dispatch.testing import (
 )
 from vq_kernels import ResidualVQ, VectorQuantizer, quantize, residual_quantize
 from vq_kernels.ops.quantize.reference import distances_reference
-from vq_kernels.ops.residual_quantize import _PLANS
+from vq_kernels.ops.residual_quantize.dispatch import _PLANS
 from vq_kernels.ops.residual_quantize.reference import (
     residual_loss_reference,
     residual_quantize_reference,

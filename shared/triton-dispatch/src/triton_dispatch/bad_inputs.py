@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from .testing import generator as make_generator
-from .testing import relative_error, to_reference, tolerance
+from .testing.compare import relative_error, to_reference, tolerance
+from .testing.inputs import generator as make_generator
 
 #: dtypes tried in place of an argument's accepted ones (one float, one integer, bool)
 _FLOAT_CANDIDATES = (torch.float16, torch.float64)

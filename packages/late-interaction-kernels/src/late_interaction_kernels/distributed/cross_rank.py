@@ -24,7 +24,10 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ..ops.maxsim import _check_mask, _check_pair, _check_tensor, maxsim, maxsim_unchecked
+from ..ops.common.validation import check_mask as _check_mask
+from ..ops.common.validation import check_pair as _check_pair
+from ..ops.common.validation import check_tensor as _check_tensor
+from ..ops.maxsim import maxsim, maxsim_unchecked
 
 __all__ = ["maxsim_across_ranks"]
 

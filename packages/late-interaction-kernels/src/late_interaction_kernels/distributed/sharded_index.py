@@ -25,13 +25,9 @@ from triton_dispatch import select_backend, uses_triton
 from ..ops.maxsim import maxsim_unchecked
 from ..ops.maxsim_topk import CHUNK_SCORES, FUSED_MAX_QUERIES, MIN_CHUNK_SIZE
 from ..ops.maxsim_topk.launch import fused_topk, kernel_takes
-from ..ops.retrieve import (
-    DEFAULT_CHUNK_SIZE,
-    MaxSimIndex,
-    _check_query_mask,
-    _describe,
-    pad_documents,
-)
+from ..ops.retrieve import DEFAULT_CHUNK_SIZE, MaxSimIndex, pad_documents
+from ..ops.retrieve.validation import check_query_mask as _check_query_mask
+from ..ops.retrieve.validation import describe as _describe
 
 __all__ = ["ShardedMaxSimIndex"]
 

@@ -1,1 +1,2 @@
-"""Operations of late-interaction scoring, one folder per op."""
+"""Operations of late-interaction scoring, one folder per op; :mod:`.common` holds the kernel
+building blocks and helpers that several of them share."""

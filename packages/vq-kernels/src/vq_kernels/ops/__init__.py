@@ -1,2 +1,3 @@
 """The package's fused ops, one folder each: ``reference.py`` (the PyTorch spec), the Triton
-kernels, and an ``__init__.py`` entry point (validation, dispatch, custom-op registration)."""
+kernels, the entry point (validation, dispatch, custom-op registration) in its own modules, and an
+``__init__.py`` that names the op's public API."""

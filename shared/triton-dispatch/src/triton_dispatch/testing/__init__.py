@@ -7,234 +7,7 @@ per-dtype threshold. Output buffers are filled with NaN before the call so a ker
 element cannot pass by leaving an old value behind.
 """
 
-from __future__ import annotations
-
-import hashlib
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import torch
-
-#: Relative-error thresholds by the dtype the op computed in (inputs' or outputs' dtype).
-#: fp32 assumes IEEE fp32 products with fp32 accumulation; ops that use TF32 pass ``tol=``.
-DEFAULT_TOLERANCES: dict[torch.dtype, float] = {
-    torch.float64: 1e-10,
-    torch.float32: 1e-5,
-    torch.float16: 2e-3,
-    torch.bfloat16: 1.6e-2,
-}
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """The default relative-error threshold for results computed from ``dtype`` inputs."""
-    try:
-        return DEFAULT_TOLERANCES[dtype]
-    except KeyError:
-        raise TypeError(f"no default tolerance for dtype {dtype}; pass tol=") from None
-
-
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``‖out − ref‖₂ / ‖ref‖₂`` computed in float64.
-
-    NaN and ±inf must sit at the same positions in both (else the error is ``inf``); the norm is taken
-    over the finite rest. When ``ref`` is all zeros the absolute error ``‖out‖₂`` is returned, so an
-    exact-zero reference still demands an exact-zero output.
-    """
-    if out.shape != ref.shape:
-        raise AssertionError(
-            f"shape mismatch: output {tuple(out.shape)} vs reference {tuple(ref.shape)}"
-        )
-    o = out.detach().to(device="cpu", dtype=torch.float64)
-    r = ref.detach().to(device="cpu", dtype=torch.float64)
-    if o.numel() == 0:
-        return 0.0
-    if not torch.equal(torch.isnan(o), torch.isnan(r)):
-        return float("inf")
-    o_inf, r_inf = torch.isinf(o), torch.isinf(r)
-    if not torch.equal(o_inf, r_inf) or not torch.equal(o[o_inf], r[r_inf]):
-        return float("inf")
-    finite = torch.isfinite(r)
-    diff = torch.linalg.vector_norm(o[finite] - r[finite]).item()
-    scale = torch.linalg.vector_norm(r[finite]).item()
-    return diff / scale if scale > 0 else diff
-
-
-def assert_close(
-    out: torch.Tensor,
-    ref: torch.Tensor,
-    *,
-    dtype: torch.dtype | None = None,
-    tol: float | None = None,
-    name: str = "output",
-) -> float:
-    """Assert ``relative_error(out, ref) <= tol`` and return the error.
-
-    ``tol`` defaults to :func:`tolerance` of ``dtype`` (default: ``out``'s dtype).
-    """
-    limit = tol if tol is not None else tolerance(dtype or out.dtype)
-    err = relative_error(out, ref)
-    if not err <= limit:  # also catches NaN
-        raise AssertionError(
-            f"{name}: relative error {err:.3e} exceeds {limit:.1e} "
-            f"(shape {tuple(out.shape)}, {out.dtype} vs float64 reference)"
-        )
-    return err
-
-
-def poison_(t: torch.Tensor) -> torch.Tensor:
-    """Fill ``t`` in place with a value no correct kernel writes (NaN, or the integer minimum)."""
-    if t.is_floating_point() or t.is_complex():
-        return t.fill_(float("nan"))
-    if t.dtype == torch.bool:
-        raise TypeError("a bool tensor cannot be poisoned")
-    return t.fill_(torch.iinfo(t.dtype).min)
-
-
-def poisoned(
-    shape: Sequence[int], *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """A new tensor of ``shape`` filled by :func:`poison_`."""
-    return poison_(torch.empty(tuple(shape), dtype=dtype, device=device))
-
-
-def poisoned_like(t: torch.Tensor) -> torch.Tensor:
-    return poison_(torch.empty_like(t))
-
-
-def to_reference(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
-    """Detached float64 copies of float tensors (others cloned as-is), keeping ``requires_grad``."""
-    out: list[torch.Tensor | None] = []
-    for t in tensors:
-        if t is None:
-            out.append(None)
-        elif t.is_floating_point():
-            out.append(t.detach().to(torch.float64).requires_grad_(t.requires_grad))
-        else:
-            out.append(t.detach().clone())
-    return out
-
-
-def _as_tuple(x: Any) -> tuple[torch.Tensor, ...]:
-    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
-
-
-def assert_gradients_match(
-    fn: Callable[..., Any],
-    reference_fn: Callable[..., Any],
-    inputs: Sequence[torch.Tensor | None],
-    *,
-    tol: float | None = None,
-    grad_tol: float | None = None,
-    generator: torch.Generator | None = None,
-    names: Sequence[str] | None = None,
-) -> dict[str, float]:
-    """Values and gradients of ``fn`` vs ``reference_fn`` evaluated in float64.
-
-    ``fn(*inputs)`` runs on the given inputs; ``reference_fn`` on float64 copies. Both backpropagate
-    the same random upstream gradient. Every input with ``requires_grad`` has its gradient compared
-    by relative error. Returns the errors by name.
-    """
-    names = list(names) if names is not None else [f"input{i}" for i in range(len(inputs))]
-    ref_inputs = to_reference(*inputs)
-    outs = _as_tuple(fn(*inputs))
-    refs = _as_tuple(reference_fn(*ref_inputs))
-    if len(outs) != len(refs):
-        raise AssertionError(f"fn returned {len(outs)} outputs, reference {len(refs)}")
-    errors: dict[str, float] = {}
-    value_dtype = next(
-        (t.dtype for t in inputs if t is not None and t.is_floating_point()), outs[0].dtype
-    )
-    for i, (o, r) in enumerate(zip(outs, refs)):
-        errors[f"out{i}"] = assert_close(o, r, dtype=value_dtype, tol=tol, name=f"output {i}")
-
-    diff = [(o, r) for o, r in zip(outs, refs) if o.requires_grad]
-    if not diff:
-        return errors
-    upstream = [randn(o.shape, generator=generator, dtype=torch.float64) for o, _ in diff]
-    torch.autograd.backward(
-        [o for o, _ in diff], [g.to(o.device, o.dtype) for g, (o, _) in zip(upstream, diff)]
-    )
-    torch.autograd.backward(
-        [r for _, r in diff], [g.to(r.device) for g, (_, r) in zip(upstream, diff)]
-    )
-    for name, x, xr in zip(names, inputs, ref_inputs):
-        if x is None or not x.requires_grad:
-            continue
-        if x.grad is None:
-            raise AssertionError(f"gradient of {name}: the op returned no gradient")
-        errors[f"grad_{name}"] = assert_close(
-            x.grad,
-            xr.grad if xr.grad is not None else torch.zeros_like(xr),
-            dtype=x.dtype,
-            tol=grad_tol if grad_tol is not None else tol,
-            name=f"gradient of {name}",
-        )
-    return errors
-
-
-def seed_for(*parts: object) -> int:
-    """A stable 63-bit seed from any printable parts (e.g. a session seed and a test id)."""
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
-def generator(seed: int) -> torch.Generator:
-    """A CPU generator: inputs are drawn on the host and moved, so a seed gives the same values on
-    every device."""
-    return torch.Generator(device="cpu").manual_seed(int(seed))
-
-
-def randn(
-    shape: Sequence[int],
-    *,
-    generator: torch.Generator | None = None,
-    dtype: torch.dtype = torch.float32,
-    device: torch.device | str = "cpu",
-    scale: float = 1.0,
-    requires_grad: bool = False,
-) -> torch.Tensor:
-    """Standard-normal values × ``scale``, drawn in float64 on the host then cast."""
-    t = torch.randn(tuple(shape), generator=generator, dtype=torch.float64) * scale
-    return t.to(device=device, dtype=dtype).requires_grad_(requires_grad)
-
-
-def rand_mask(
-    shape: Sequence[int],
-    *,
-    p_valid: float = 0.8,
-    generator: torch.Generator | None = None,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor:
-    """A bool mask, True with probability ``p_valid``."""
-    return (torch.rand(tuple(shape), generator=generator) < p_valid).to(device)
-
-
-def randint(
-    low: int,
-    high: int,
-    shape: Sequence[int],
-    *,
-    generator: torch.Generator | None = None,
-    dtype: torch.dtype = torch.int64,
-    device: torch.device | str = "cpu",
-) -> torch.Tensor:
-    return torch.randint(low, high, tuple(shape), generator=generator).to(
-        device=device, dtype=dtype
-    )
-
-
-def lengths_mask(lengths: torch.Tensor | Sequence[int], max_len: int) -> torch.Tensor:
-    """``(len(lengths), max_len)`` bool mask with the first ``lengths[i]`` entries of row i True."""
-    lengths = torch.as_tensor(lengths)
-    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
-
-
-def errors_table(errors: Mapping[str, float]) -> str:
-    return ", ".join(f"{k}={v:.2e}" for k, v in errors.items())
-
-
-# The bad-input kit lives in its own module; it is part of this kit's public surface.
-from ..bad_inputs import (  # noqa: E402
+from ..bad_inputs import (
     CASE_KINDS,
     BadCase,
     OpSpec,
@@ -243,8 +16,19 @@ from ..bad_inputs import (  # noqa: E402
     bad_input_params,
     check_bad_input,
 )
-from .compile_ahead_calls import recorded_compile_aheads  # noqa: E402
-from .ranks import RankFailed, run_ranks  # noqa: E402
+from .compare import (
+    DEFAULT_TOLERANCES,
+    assert_close,
+    assert_gradients_match,
+    errors_table,
+    relative_error,
+    to_reference,
+    tolerance,
+)
+from .compile_ahead_calls import recorded_compile_aheads
+from .inputs import generator, lengths_mask, rand_mask, randint, randn, seed_for
+from .poison import poison_, poisoned, poisoned_like
+from .ranks import RankFailed, run_ranks
 
 __all__ = [
     "CASE_KINDS",

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from triton_dispatch import autotune, config_space
 
-from .tuning import tuning_bench
+from ..common.tuning import tuning_bench
 
 _DEFAULT_Q = triton.Config({"BLOCK_Q": 32}, num_warps=4, num_stages=1)
 _DEFAULT_R = triton.Config({"BLOCK_R": 32}, num_warps=4, num_stages=1)

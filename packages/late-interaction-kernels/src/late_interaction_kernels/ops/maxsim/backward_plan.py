@@ -15,6 +15,9 @@ import triton
 from triton_dispatch import device_facts, interpreter_enabled, padded_dim, shape_bucket
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
+from ..common.buffers import output_buffer
+from ..common.layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN, VARLEN_ALL_PAIRS, num_pairs
+from ..common.precision import dot_settings
 from .backward import (
     NORMALIZE_BLOCK_R,
     maxsim_grad_d_atomic_kernel,
@@ -23,9 +26,6 @@ from .backward import (
     maxsim_grad_q_kernel,
     normalize_backward_kernel,
 )
-from .buffers import output_buffer
-from .forward import dot_settings
-from .layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN, VARLEN_ALL_PAIRS, num_pairs
 
 #: The gathered grad_Q splits a query's documents over programs, into fp32 partial sums added
 #: afterwards in a fixed order (deterministic): into runs of ``DOCS_PER_SPLIT`` documents, and

@@ -29,14 +29,12 @@ from triton_dispatch import (
 from triton_dispatch.autotune import prune_by_shared_memory
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
-from .. import tma
-from .buffers import output_buffer
-from .layout import ALL_PAIRS, GROUPED, VARLEN, VARLEN_ALL_PAIRS, num_pairs
-from .running_max import max_nan
-from .tuning import tuning_bench
-
-#: ``torch.nn.functional.normalize``'s floor on a token's norm.
-NORM_EPS = 1e-12
+from ..common import tma
+from ..common.buffers import output_buffer
+from ..common.document_max import best_over_document
+from ..common.layout import ALL_PAIRS, GROUPED, VARLEN, VARLEN_ALL_PAIRS, num_pairs
+from ..common.precision import NORM_EPS, dot_settings
+from ..common.tuning import tuning_bench
 
 #: Queries longer than this are scored in chunks of :data:`QUERY_CHUNK` tokens.
 LONG_QUERY_THRESHOLD = 512
@@ -94,133 +92,6 @@ _FWD_DEFAULT = triton.Config(
 _FWD_INTERPRET = triton.Config(
     {"BLOCK_Q": 16, "BLOCK_D": 16, "TILE_MAX": True}, num_warps=4, num_stages=1
 )
-
-
-@triton.jit
-def _tile_similarity(
-    q, q_scale, D, DDESC, DM, doc, d_start, d_len, ld, dim, k, k_ok, j0,
-    TMA: tl.constexpr, MASKED: tl.constexpr, HAS_DM: tl.constexpr, UPCAST: tl.constexpr, NORMALIZE: tl.constexpr,
-    NORM_EPS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Similarities of the query rows with document columns ``[j0, j0 + BLOCK_D)`` (``-inf`` where
-    a column is past the document or masked) and the column indices. ``MASKED``: the tile may run
-    past the document (the last one); full tiles skip the bound checks, which are a third of the
-    elementwise work per similarity. ``TMA``: the tile comes through the tensor descriptor
-    ``DDESC`` (rows past the document belong to the next one, or are zeros past the tensor: both
-    masked like any column past ``d_len``)."""
-    cols = j0 + tl.arange(0, BLOCK_D)
-    if TMA:
-        x = DDESC.load([(d_start + j0).to(tl.int32), 0]).T
-        if MASKED:
-            col_ok = cols < d_len
-        else:
-            col_ok = cols >= 0
-    elif MASKED:
-        col_ok = cols < d_len
-        if EVEN_K:
-            x_ok = col_ok[None, :]
-        else:
-            x_ok = col_ok[None, :] & k_ok[:, None]
-        x = tl.load(D + (d_start + cols)[None, :] * dim + k[:, None], mask=x_ok, other=0.0)
-    elif EVEN_K:
-        col_ok = cols >= 0
-        x = tl.load(D + (d_start + cols)[None, :] * dim + k[:, None])
-    else:
-        col_ok = cols >= 0
-        x = tl.load(D + (d_start + cols)[None, :] * dim + k[:, None], mask=k_ok[:, None], other=0.0)
-    if UPCAST:
-        x = x.to(tl.float32)
-    if HAS_DM:
-        col_ok = col_ok & (tl.load(DM + doc.to(tl.int64) * ld + cols, mask=col_ok, other=0) != 0)
-    if IEEE:
-        s = tl.dot(q, x, input_precision="ieee")
-    else:
-        s = tl.dot(q, x)
-    if NORMALIZE:
-        # cosine from the raw dot product: no normalised copy of Q or D is ever written
-        x32 = x.to(tl.float32)
-        x_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(x32 * x32, 0)), NORM_EPS)
-        s = s * q_scale[:, None] * x_scale[None, :]
-    if MASKED or HAS_DM:
-        s = tl.where(col_ok[None, :], s, float("-inf"))
-    return s, cols
-
-
-@triton.jit
-def _fold_tile(
-    q, q_scale, D, DDESC, DM, doc, d_start, d_len, ld, dim, k, k_ok, j0, best, best_col,
-    TMA: tl.constexpr, MASKED: tl.constexpr, HAS_DM: tl.constexpr, SAVE_ARGMAX: tl.constexpr,
-    UPCAST: tl.constexpr, NORMALIZE: tl.constexpr, NORM_EPS: tl.constexpr, IEEE: tl.constexpr,
-    EVEN_K: tl.constexpr, TILE_MAX: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Fold one document tile into the running best. ``TILE_MAX``: ``best``/``best_col`` are
-    ``(BLOCK_Q, BLOCK_D)`` (one max per row and column slot, reduced once per document, so a tile
-    costs one ``max`` per similarity and no cross-thread reduction); otherwise ``(BLOCK_Q,)``,
-    reduced per tile. ``best_col`` holds the first column reaching the best."""
-    s, cols = _tile_similarity(
-        q, q_scale, D, DDESC, DM, doc, d_start, d_len, ld, dim, k, k_ok, j0,
-        TMA, MASKED, HAS_DM, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, BLOCK_D,
-    )  # fmt: skip
-    if TILE_MAX:
-        if SAVE_ARGMAX:
-            best_col = tl.where(s > best, cols[None, :], best_col)
-        best = max_nan(best, s)
-    else:
-        tile_best = tl.reduce(s, 1, max_nan)
-        if SAVE_ARGMAX:
-            first = tl.min(tl.where(s == tile_best[:, None], cols[None, :], 2147483647), 1)
-            best_col = tl.where(tile_best > best, first, best_col)
-        best = max_nan(best, tile_best)
-    return best, best_col
-
-
-@triton.jit
-def _best_over_document(
-    q, q_scale, D, DDESC, DM, doc, d_start, d_len, d_stop, ld, dim, k, k_ok,
-    TMA: tl.constexpr, HAS_DM: tl.constexpr, SAVE_ARGMAX: tl.constexpr, UPCAST: tl.constexpr,
-    NORMALIZE: tl.constexpr, NORM_EPS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
-    DYNAMIC_BOUNDS: tl.constexpr, TILE_MAX: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):  # fmt: skip
-    """Each query row's best similarity over one document's tokens (``-inf`` when no token is
-    valid) and, with ``SAVE_ARGMAX``, the first column reaching it. On the GPU the document's full
-    tiles run unmasked and only a last partial tile is masked; the interpreter (static loop
-    bounds) masks every tile."""
-    if TILE_MAX:
-        best = tl.full((BLOCK_Q, BLOCK_D), float("-inf"), dtype=tl.float32)
-        best_col = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.int32)
-    else:
-        best = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
-        best_col = tl.zeros((BLOCK_Q,), dtype=tl.int32)
-    if DYNAMIC_BOUNDS:
-        d_full = (d_len // BLOCK_D) * BLOCK_D
-    else:
-        d_full = 0
-    for j0 in range(0, d_full, BLOCK_D):
-        best, best_col = _fold_tile(
-            q, q_scale, D, DDESC, DM, doc, d_start, d_len, ld, dim, k, k_ok, j0, best, best_col,
-            TMA, False, HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, TILE_MAX,
-            BLOCK_D,
-        )  # fmt: skip
-    for j0 in range(d_full, d_stop, BLOCK_D):
-        best, best_col = _fold_tile(
-            q, q_scale, D, DDESC, DM, doc, d_start, d_len, ld, dim, k, k_ok, j0, best, best_col,
-            TMA, True, HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, TILE_MAX,
-            BLOCK_D,
-        )  # fmt: skip
-    if TILE_MAX:
-        row_best = tl.reduce(best, 1, max_nan)
-        if SAVE_ARGMAX:
-            # the slot holding the row's best with the smallest column is the first column
-            # reaching it (each slot keeps its own first); a NaN row matches no slot and points at
-            # column 0, like the per-tile fold
-            first = tl.min(tl.where(best == row_best[:, None], best_col, 2147483647), 1)
-            row_col = tl.where(first == 2147483647, 0, first)
-        else:
-            row_col = tl.zeros((BLOCK_Q,), dtype=tl.int32)
-        best = row_best
-        best_col = row_col
-    return best, best_col
 
 
 @triton.jit
@@ -293,7 +164,7 @@ def _forward_program(
             q_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(q32 * q32, 1)), NORM_EPS)
         else:
             q_scale = tl.zeros((BLOCK_Q,), dtype=tl.float32)  # unused
-        best, best_idx = _best_over_document(
+        best, best_idx = best_over_document(
             q, q_scale, D, DDESC, DM, doc, d_start, d_len, d_stop, ld, dim, k, k_ok,
             TMA, HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, DYNAMIC_BOUNDS,
             TILE_MAX, BLOCK_Q, BLOCK_D,
@@ -464,7 +335,7 @@ def maxsim_fwd_query_group_kernel(
     else:
         q_scale = tl.zeros((BLOCK_Q,), dtype=tl.float32)  # unused
     d_start = doc.to(tl.int64) * ld
-    best, best_idx = _best_over_document(
+    best, best_idx = best_over_document(
         q, q_scale, D, None, DM, doc, d_start, ld, ld, ld, dim, k, k_ok,
         False, HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, True, TILE_MAX, BLOCK_Q,
         BLOCK_D,
@@ -512,13 +383,6 @@ def _tma_eligible(lq, dim, dtype, device, rows_q, rows_d) -> bool:
         and tma.rows_fit(dim, 2, max(rows_q, rows_d))
         and tma.tma_supported(device)
     )
-
-
-def dot_settings(dtype: torch.dtype) -> tuple[bool, bool]:
-    """``(upcast, ieee)``: bf16 dots are computed wrongly by the interpreter, so it upcasts; fp32
-    uses IEEE products (TF32 would cost ~1e-3 relative error)."""
-    upcast = interpreter_enabled() and dtype == torch.bfloat16
-    return upcast, dtype == torch.float32
 
 
 class ForwardPlan:

@@ -1,16 +1,16 @@
 """MaxSim as PyTorch custom ops (forward and backward), so it runs inside
 ``torch.compile(fullgraph=True)`` and CUDA graphs without graph breaks.
 
-Both ops work on the flattened problem of :mod:`.layout`; the public functions in this package's
-``__init__`` build it. ``backend`` is ``"torch"`` (reference path) or ``"triton"`` (the kernels, compiled
-or interpreted).
+Both ops work on the flattened problem of :mod:`..common.layout`; the public functions of
+:mod:`.dispatch` build it. ``backend`` is ``"torch"`` (reference path) or ``"triton"`` (the kernels,
+compiled or interpreted).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .layout import num_pairs
+from ..common.layout import num_pairs
 from .reference import compute_dtype
 from .torch_path import backward_torch, forward_torch
 

@@ -1,4 +1,4 @@
-"""The PyTorch backend of the MaxSim op on the flattened problem of :mod:`.layout`.
+"""The PyTorch backend of the MaxSim op on the flattened problem of :mod:`..common.layout`.
 
 Forward evaluates :mod:`.reference` (chunked, so it never holds the whole similarity tensor);
 backward scatters from the saved argmax indices, like the kernels do.
@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN, num_pairs, query_rows
+from ..common.layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN, num_pairs, query_rows
+from ..common.normalize import normalize_backward
 from .reference import compute_dtype, maxsim_reference, maxsim_varlen_reference
 
 
@@ -98,14 +99,6 @@ def backward_torch(
             normalize_backward(grad_d, D2.to(ct)),
         )
     return grad_q.to(Q2.dtype), grad_d.to(D2.dtype)
-
-
-def normalize_backward(grad_hat: torch.Tensor, x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """Gradient w.r.t. ``x`` from the gradient w.r.t. ``F.normalize(x, dim=-1)``."""
-    norm = x.norm(dim=-1, keepdim=True)
-    x_hat = x / norm.clamp_min(eps)
-    proj = torch.where(norm > eps, (grad_hat * x_hat).sum(-1, keepdim=True), 0.0)
-    return (grad_hat - proj * x_hat) / norm.clamp_min(eps)
 
 
 __all__ = ["backward_torch", "forward_torch"]

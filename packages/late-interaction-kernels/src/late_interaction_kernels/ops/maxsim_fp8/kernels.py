@@ -36,8 +36,8 @@ import triton.language as tl
 
 from triton_dispatch import autotune, config_space
 
-from ..maxsim.running_max import max_nan
-from ..tiles import dot_rows, load_rows
+from ..common.running_max import max_nan
+from ..common.tiles import dot_rows, load_rows
 
 # Tuned per (query tile, embedding tile, scale kind): the best document tile and warp count move
 # with the register footprint of the (BLOCK_Q, BLOCK_D) accumulator.

@@ -22,8 +22,8 @@ import triton.language as tl
 from triton_dispatch import autotune, config_space, tile_shared_memory
 from triton_dispatch.autotune import prune_by_shared_memory
 
-from ..maxsim.running_max import score_tile_into_running_max
-from ..maxsim.tuning import tuning_bench
+from ..common.running_max import score_tile_into_running_max
+from ..common.tuning import tuning_bench
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
 NORM_EPS = 1e-12

@@ -15,10 +15,10 @@ import triton
 
 from triton_dispatch import interpreter_enabled, padded_dim, shape_bucket
 
-from ..maxsim.buffers import output_buffer
-from ..maxsim.forward import dot_settings
-from ..maxsim.layout import ALL_PAIRS
-from ..maxsim.torch_path import normalize_backward
+from ..common.buffers import output_buffer
+from ..common.layout import ALL_PAIRS
+from ..common.normalize import normalize_backward
+from ..common.precision import dot_settings
 
 #: Document tokens a forward program projects at once (smaller under the interpreter, so the
 #: tests cover documents of several tiles and several splits).

@@ -21,8 +21,8 @@ import triton.language as tl
 
 from triton_dispatch import autotune, config_space
 
-from ..maxsim.running_max import score_tile_into_running_max
-from ..maxsim.tuning import tuning_bench
+from ..common.running_max import score_tile_into_running_max
+from ..common.tuning import tuning_bench
 
 #: ``torch.nn.functional.normalize``'s floor on a token's norm.
 NORM_EPS = 1e-12

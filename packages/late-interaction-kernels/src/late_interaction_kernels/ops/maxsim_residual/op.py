@@ -8,8 +8,8 @@ import triton
 
 from triton_dispatch import interpreter_enabled, padded_dim, shape_bucket
 
-from ..maxsim.buffers import output_buffer
-from ..maxsim.forward import dot_settings
+from ..common.buffers import output_buffer
+from ..common.precision import dot_settings
 
 #: Backward programs to aim for: documents are split across programs until there are this many.
 TARGET_GRAD_PROGRAMS = 1024

@@ -17,8 +17,8 @@ import triton.language as tl
 
 from triton_dispatch import autotune, config_space
 
-from ..maxsim.forward import _best_over_document
-from ..tiles import load_rows
+from ..common.document_max import best_over_document
+from ..common.tiles import load_rows
 from .running_topk import DONE, finish, offer, pack
 
 # H100, 1 × 100,000 × 32 × 300: 64-token tiles with a tile-wide maximum won over 128-token ones
@@ -59,7 +59,7 @@ def topk_kernel(
         q_scale = 1.0 / tl.maximum(tl.sqrt(tl.sum(qf * qf, 1)), NORM_EPS)
     else:
         q_scale = tl.zeros([BLOCK_Q], tl.float32)  # unused
-    best, _ = _best_over_document(
+    best, _ = best_over_document(
         q, q_scale, D, None, DM, j, j.to(tl.int64) * ld, ld, ld, ld, dim, ks, k_ok,
         False, HAS_DM, False, UPCAST, NORMALIZE, NORM_EPS, IEEE, EVEN_K, DYNAMIC_BOUNDS,
         TILE_MAX, BLOCK_Q, BLOCK_D,

@@ -6,7 +6,7 @@ import torch
 
 from triton_dispatch import interpreter_enabled, next_power_of_2, padded_dim
 
-from ..maxsim.forward import NORM_EPS, dot_settings
+from ..common.precision import NORM_EPS, dot_settings
 from .kernels import topk_kernel
 from .running_topk import RING, STATE_WORDS
 

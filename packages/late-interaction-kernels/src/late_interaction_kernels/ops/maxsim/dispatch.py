@@ -1,0 +1,201 @@
+"""MaxSim's public functions: the padded layouts (all pairs, per-query groups, pairs) through
+cached plans, the packed pairs through the custom op, and the one-time query-norm check."""
+
+from __future__ import annotations
+
+import torch
+
+from ..common.layout import VARLEN
+from ..common.validation import backend_for, check_pair, check_tensor
+from .backward_method import resolve_backward
+from .norm_check import NORM_CHECK
+from .op import maxsim_forward
+from .plan import (
+    MAXSIM_PLANS,
+    PAIRS_PLANS,
+    maxsim_plan,
+    padded_call_key,
+    plan_call,
+    run_call,
+    zero_scores,
+)
+from .validation import (
+    check_cu,
+    check_normalize,
+    needs_grad,
+    resolve_maxsim,
+    resolve_pairs,
+    seqlens,
+)
+
+
+def maxsim(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    normalize: bool = False,
+    backward: str | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Late-interaction (ColBERT) scores: for each query token the best document token, summed.
+
+    Args:
+        Q: queries ``(Nq, Lq, d)``.
+        D: documents ``(Nd, Ld, d)`` — every query against every document, scores ``(Nq, Nd)`` —
+            or ``(Nq, K, Ld, d)`` — each query against its own K documents, scores ``(Nq, K)``.
+        q_mask: bool ``(Nq, Lq)``, True = valid token; masked query tokens contribute 0.
+        d_mask: bool ``(Nd, Ld)`` or ``(Nq, K, Ld)``; masked document tokens never win; a document
+            without a valid token scores 0 and gets no gradient.
+        normalize: L2-normalise every token first (cosine similarities).
+        backward: ``None``/``"auto"``, ``"unified"`` (fp32 atomics, fastest on small batches) or
+            ``"lowmem"`` (no atomics, no fp32 gradient buffer, bitwise reproducible).
+        backend: force ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
+
+    Returns:
+        float32 scores (float64 for float64 inputs). Differentiable w.r.t. ``Q`` and ``D``.
+
+    Eager calls resolve everything that depends only on the arguments' metadata once per kind of
+    call (see :mod:`triton_dispatch.launch`); a repeat call binds the tensors and launches.
+
+    Warns once per process (``UserWarning``) when ``normalize=False`` meets queries whose median
+    token norm is outside ``[0.9, 1.1]``, as late-interaction-kernels 0.4.5 does; only the first
+    eligible call is looked at, and ``LIK_SUPPRESS_NORM_WARN=1`` silences it. See
+    :mod:`.norm_check` for which call that is and why a warm call never pays a host read for it.
+    """
+    if not normalize and NORM_CHECK.pending and not torch.compiler.is_compiling():
+        key = padded_call_key(Q, D, q_mask, d_mask, normalize, backward, backend)
+        if key is not None:
+            return _maxsim_checking_norms(key, Q, D, q_mask, d_mask, normalize, backward, backend)
+    return maxsim_unchecked(
+        Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
+    )
+
+
+def maxsim_unchecked(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    normalize: bool = False,
+    backward: str | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """:func:`maxsim` without the query-norm warning, for this package's own callers: the ops
+    built on MaxSim that 0.4.5 did not check (top-k, PLAID, varlen, ...) and the warm-up, whose
+    random queries say nothing about the caller's."""
+    if not torch.compiler.is_compiling():
+        key = padded_call_key(Q, D, q_mask, d_mask, normalize, backward, backend)
+        if key is not None:
+            plan = MAXSIM_PLANS.get(
+                key, lambda: maxsim_plan(Q, D, q_mask, d_mask, normalize, backward, backend)
+            )
+            return plan(Q, D, q_mask, d_mask)
+    call = resolve_maxsim(Q, D, q_mask, d_mask, normalize, backward, backend)
+    return run_call(call, Q, D, q_mask, d_mask)
+
+
+def _maxsim_checking_norms(key, Q, D, q_mask, d_mask, normalize, backward, backend):
+    """An eager :func:`maxsim` call while the query-norm check is pending: the plan as usual (its
+    build validates the arguments first), then the check, told whether this call built the plan."""
+    misses = MAXSIM_PLANS.misses
+    plan = MAXSIM_PLANS.get(
+        key, lambda: maxsim_plan(Q, D, q_mask, d_mask, normalize, backward, backend)
+    )
+    NORM_CHECK(Q, D, building_plan=MAXSIM_PLANS.misses != misses)
+    return plan(Q, D, q_mask, d_mask)
+
+
+def maxsim_pairs(
+    Q: torch.Tensor,
+    D: torch.Tensor,
+    q_mask: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    normalize: bool = False,
+    backward: str | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Query ``i`` against document ``i``: ``Q (B, Lq, d)``, ``D (B, Ld, d)`` → scores ``(B,)``.
+
+    Masks ``q_mask (B, Lq)`` and ``d_mask (B, Ld)``; other arguments as in :func:`maxsim`.
+    """
+    if not torch.compiler.is_compiling():
+        key = padded_call_key(Q, D, q_mask, d_mask, normalize, backward, backend)
+        if key is not None:
+            plan = PAIRS_PLANS.get(
+                key,
+                lambda: plan_call(
+                    resolve_pairs(Q, D, q_mask, d_mask, normalize, backward, backend),
+                    Q,
+                    D,
+                    q_mask,
+                    d_mask,
+                ),
+            )
+            return plan(Q, D, q_mask, d_mask)
+    call = resolve_pairs(Q, D, q_mask, d_mask, normalize, backward, backend)
+    return run_call(call, Q, D, q_mask, d_mask)
+
+
+def maxsim_varlen(
+    Q_packed: torch.Tensor,
+    D_packed: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_d: torch.Tensor,
+    max_seqlen_q: int | None = None,
+    max_seqlen_d: int | None = None,
+    *,
+    normalize: bool = False,
+    backward: str | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Packed variable-length pairs, no padding: query ``b`` is
+    ``Q_packed[cu_seqlens_q[b]:cu_seqlens_q[b+1]]`` (``Q_packed (total_q, d)``), document ``b`` is
+    ``D_packed[cu_seqlens_d[b]:cu_seqlens_d[b+1]]``. Returns scores ``(B,)``.
+
+    ``max_seqlen_q`` (the longest query) is read from ``cu_seqlens_q`` when not given, which
+    synchronises with the device; pass it in training loops. ``max_seqlen_d`` is accepted for
+    symmetry with flash-attention style APIs. The offsets are validated (a host synchronisation)
+    outside ``torch.compile``; a zero-length document raises when gradients are required.
+    """
+    check_tensor("Q_packed", Q_packed, 2, "(total_q, d)")
+    check_tensor("D_packed", D_packed, 2, "(total_d, d)")
+    check_pair(Q_packed, D_packed, "Q_packed", "D_packed")
+    check_cu("cu_seqlens_q", cu_seqlens_q)
+    check_cu("cu_seqlens_d", cu_seqlens_d)
+    if cu_seqlens_q.numel() != cu_seqlens_d.numel():
+        raise ValueError(
+            "cu_seqlens_q and cu_seqlens_d must have the same length B + 1; got "
+            f"{cu_seqlens_q.numel()} and {cu_seqlens_d.numel()}"
+        )
+    tensors = [Q_packed, D_packed, cu_seqlens_q, cu_seqlens_d]
+    chosen = backend_for(tensors, ["Q_packed", "D_packed", "cu_seqlens_q", "cu_seqlens_d"], backend)
+    b = cu_seqlens_q.numel() - 1
+    method = resolve_backward(backward, VARLEN, b, 1)
+    normalize = check_normalize(normalize)
+    if not torch.compiler.is_compiling():
+        q_lens = seqlens("cu_seqlens_q", cu_seqlens_q, Q_packed.shape[0])
+        d_lens = seqlens("cu_seqlens_d", cu_seqlens_d, D_packed.shape[0])
+        if max_seqlen_q is None:
+            max_seqlen_q = int(q_lens.max()) if b > 0 else 0
+        if needs_grad(Q_packed, D_packed) and b > 0 and bool((d_lens == 0).any()):
+            raise ValueError(
+                "cu_seqlens_d holds a zero-length document while gradients are required: MaxSim "
+                "has no gradient there; drop empty documents"
+            )
+    elif max_seqlen_q is None:
+        raise ValueError("maxsim_varlen under torch.compile needs max_seqlen_q")
+    if b == 0 or max_seqlen_q == 0:
+        return zero_scores((b,), Q_packed, D_packed)
+    ld = int(max_seqlen_d) if max_seqlen_d is not None else 0
+    scores, _ = maxsim_forward(
+        Q_packed.contiguous(),
+        D_packed.contiguous(),
+        None, None, cu_seqlens_q.contiguous(), cu_seqlens_d.contiguous(),
+        VARLEN, b, 1, int(max_seqlen_q), ld, needs_grad(Q_packed, D_packed), chosen, method,
+        normalize,
+    )  # fmt: skip
+    return scores

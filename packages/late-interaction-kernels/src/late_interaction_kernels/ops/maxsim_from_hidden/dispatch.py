@@ -1,0 +1,109 @@
+"""``maxsim_from_hidden``: the fused kernel through its custom op, or chunks of projected
+documents through :func:`maxsim` (recomputed in the backward when gradients are needed)."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from triton_dispatch import common_device, select_backend, uses_triton
+
+from ..maxsim import maxsim_unchecked
+from .op import from_hidden_forward_op
+from .reference import project
+from .validation import validate
+
+#: Documents projected per chunk when none is given.
+DEFAULT_CHUNK_SIZE = 256
+
+#: ``fused=None`` runs the fused kernel for inference with at most this many query-token rows
+#: (``Nq * Lq``). On an H100 (BENCHMARKS.md) it beat projection + ``maxsim`` 1.7-1.8x for one query
+#: against 1000 documents, was within run-to-run noise of it at Nq = 64 (0.88x and 1.18x in two
+#: runs) and lost at Nq = 128, where each document tile is scored against many query rows and the
+#: separate GEMM projects more efficiently; with gradients the chunked composition was faster too
+#: (the fused backward recomputes the projection anyway).
+FUSED_MAX_QUERY_ROWS = 512
+
+
+def _score_chunk(Q, H, W, b, d_mask, q_mask, normalize: bool, backend) -> torch.Tensor:
+    return maxsim_unchecked(Q, project(H, W, b, normalize), q_mask, d_mask, backend=backend)
+
+
+def maxsim_from_hidden(
+    Q: torch.Tensor,
+    H_d: torch.Tensor,
+    W: torch.Tensor,
+    b: torch.Tensor | None = None,
+    d_mask: torch.Tensor | None = None,
+    *,
+    q_mask: torch.Tensor | None = None,
+    normalize: bool = True,
+    chunk_size: int | None = None,
+    backend: str | None = None,
+    fused: bool | None = None,
+) -> torch.Tensor:
+    """Late-interaction scores of queries against documents given as encoder hidden states.
+
+    ``score[i, j] = maxsim(Q[i], normalize(H_d[j] @ W + b))``: the document side of a ColBERT head
+    fused with the scoring. Differentiable in ``Q``, ``H_d``, ``W`` and ``b``.
+
+    Args:
+        Q: query token embeddings ``(Nq, Lq, d)`` (already projected and normalised by the head).
+        H_d: document hidden states ``(Nd, Ld, h)``.
+        W: projection ``(h, d)``; ``b``: optional bias ``(d,)``.
+        d_mask, q_mask: bool ``(Nd, Ld)`` / ``(Nq, Lq)``, True = valid. Masked document tokens
+            never win; a document with no valid token scores 0 and gets exactly zero gradient.
+        normalize: L2-normalise the projected document tokens (ColBERT does).
+        chunk_size: documents projected at a time (default :data:`DEFAULT_CHUNK_SIZE`); the
+            Triton forward needs no chunks, its backward recomputes the projection per chunk.
+        backend: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
+        fused: on the Triton backend, ``True`` runs the fused kernel (the projected documents
+            are never written), ``False`` projects one chunk of documents at a time and scores
+            it with :func:`maxsim`; ``None`` picks by measured speed: the fused kernel for
+            inference with up to :data:`FUSED_MAX_QUERY_ROWS` query rows, else chunks.
+
+    Returns:
+        float32 scores ``(Nq, Nd)``.
+    """
+    chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+    validate(Q, H_d, W, b, d_mask, q_mask, chunk_size)
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"fused must be None or a bool, got {type(fused).__name__}")
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (Q, H_d, W, b)
+    )
+    chosen = select_backend(device=common_device([Q, H_d]), backend=backend)
+    if fused is None:
+        fused = not needs_grad and Q.shape[0] * Q.shape[1] <= FUSED_MAX_QUERY_ROWS
+    if fused and uses_triton(chosen) and Q.dtype != torch.float64 and min(*Q.shape, *H_d.shape) > 0:
+        scores, _ = from_hidden_forward_op(
+            Q.contiguous(),
+            H_d.contiguous(),
+            W.contiguous(),
+            None if b is None else b.contiguous(),
+            None if d_mask is None else d_mask.contiguous(),
+            None if q_mask is None else q_mask.contiguous(),
+            normalize,
+            needs_grad,
+            chunk_size,
+        )
+        return scores
+    if chosen == "torch":
+        backend = "torch"
+    blocks = []
+    for start in range(0, H_d.shape[0], chunk_size):
+        H = H_d[start : start + chunk_size]
+        mask = None if d_mask is None else d_mask[start : start + chunk_size]
+        if needs_grad and H_d.shape[0] > chunk_size:
+            block = checkpoint(
+                _score_chunk, Q, H, W, b, mask, q_mask, normalize, backend, use_reentrant=False
+            )
+        else:
+            block = _score_chunk(Q, H, W, b, mask, q_mask, normalize, backend)
+        blocks.append(block)
+    if not blocks:
+        empty = Q.new_zeros(0, H_d.shape[1], W.shape[1])
+        return maxsim_unchecked(Q, empty, q_mask, backend=backend)
+    return torch.cat(blocks, dim=1)

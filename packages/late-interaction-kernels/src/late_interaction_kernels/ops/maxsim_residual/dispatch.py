@@ -1,0 +1,151 @@
+"""``maxsim_residual``: the fused kernel through its custom op on the Triton backend, chunks of
+decompressed documents through :func:`maxsim` elsewhere."""
+
+from __future__ import annotations
+
+import torch
+
+from triton_dispatch import common_device, select_backend, uses_triton
+
+from ..maxsim import maxsim_unchecked
+from .op import residual_forward_op
+from .reference import decompress
+from .validation import check_values, validate
+
+#: Documents decompressed per chunk when none is given.
+DEFAULT_CHUNK_SIZE = 1024
+
+
+def maxsim_residual(
+    Q: torch.Tensor,
+    centroids: torch.Tensor,
+    codes: torch.Tensor,
+    packed_residuals: torch.Tensor,
+    bucket_weights: torch.Tensor,
+    doclens: torch.Tensor,
+    *,
+    nbits: int,
+    q_mask: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Late-interaction scores of ``Q (Nq, Lq, d)`` against residual-compressed documents.
+
+    On the Triton backend (CUDA tensors) one kernel decompresses each document's tokens in
+    registers and scores them: no decompressed token is ever written to memory. Elsewhere the
+    documents are decompressed ``chunk_size`` at a time and scored with :func:`maxsim`.
+
+    Args:
+        centroids: ``(C, d)``; ``codes``: ``(N,)`` centroid id of every stored token;
+            ``packed_residuals``: uint8 ``(N, d * nbits / 8)``; ``bucket_weights``:
+            ``(2 ** nbits,)``; ``doclens``: ``(Nd,)`` tokens per document, in storage order.
+        nbits: bits per residual dimension (1, 2, 4 or 8).
+        q_mask: bool ``(Nq, Lq)``, True = valid query token.
+        chunk_size: documents decompressed at a time on the PyTorch path (default
+            :data:`DEFAULT_CHUNK_SIZE`); the Triton path needs no chunks.
+        backend: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
+
+    Returns:
+        float32 ``(Nq, Nd)``; differentiable in ``Q``. A zero-length document scores 0; it has
+        no token to send a gradient through, so scoring one with a ``Q`` that requires grad
+        raises ``ValueError``. The collection is validated with one host synchronisation, which
+        ``torch.compile`` skips (there a zero-length document gets a zero gradient instead).
+    """
+    chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
+    validate(
+        Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size
+    )
+    if not torch.compiler.is_compiling():
+        shortest = check_values(codes, doclens, centroids.shape[0])
+        if Q.requires_grad and torch.is_grad_enabled() and doclens.numel() and shortest == 0:
+            raise ValueError(
+                "a zero-length document has no gradient: drop it, or score under torch.no_grad()"
+            )
+    return _score(
+        Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size,
+        backend,
+    )  # fmt: skip
+
+
+def maxsim_residual_prechecked(
+    Q: torch.Tensor,
+    centroids: torch.Tensor,
+    codes: torch.Tensor,
+    packed_residuals: torch.Tensor,
+    bucket_weights: torch.Tensor,
+    doclens: torch.Tensor,
+    *,
+    nbits: int,
+    q_mask: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """:func:`maxsim_residual` for a caller that has already checked the collection's values
+    (every code indexes a centroid, ``doclens`` add up to the tokens, no zero-length document
+    under gradients), as the PLAID wrappers do under their own argument names: the same metadata
+    checks, without the host synchronisation that reads the values again."""
+    validate(
+        Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask,
+        DEFAULT_CHUNK_SIZE,
+    )  # fmt: skip
+    return _score(
+        Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask,
+        DEFAULT_CHUNK_SIZE, backend,
+    )  # fmt: skip
+
+
+def _score(
+    Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size,
+    backend,
+) -> torch.Tensor:  # fmt: skip
+    device = common_device([Q, doclens])
+    chosen = select_backend(device=device, backend=backend)
+    needs_grad = Q.requires_grad and torch.is_grad_enabled()
+    if uses_triton(chosen) and Q.dtype != torch.float64:
+        offsets = torch.cat([doclens.new_zeros(1), doclens.cumsum(0)]).to(torch.int64)
+        scores, _ = residual_forward_op(
+            Q.contiguous(),
+            None if q_mask is None else q_mask.contiguous(),
+            centroids.contiguous(),
+            codes.contiguous(),
+            packed_residuals.contiguous(),
+            bucket_weights.contiguous(),
+            offsets,
+            nbits,
+            needs_grad,
+        )
+        return scores
+    return _decompress_and_score(
+        Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size,
+        "torch" if chosen == "torch" else None,
+    )  # fmt: skip
+
+
+def _decompress_and_score(
+    Q, centroids, codes, packed, weights, doclens, nbits, q_mask, chunk_size, backend
+) -> torch.Tensor:
+    """The PyTorch path: decompress ``chunk_size`` documents at a time, then :func:`maxsim`."""
+    lengths = [int(n) for n in doclens.tolist()]
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    blocks = []
+    for start in range(0, len(lengths), chunk_size):
+        stop = min(start + chunk_size, len(lengths))
+        lo, hi = offsets[start], offsets[stop]
+        tokens = decompress(centroids, codes[lo:hi], packed[lo:hi], weights, nbits).to(Q.dtype)
+        chunk_lengths = torch.tensor(lengths[start:stop], device=Q.device)
+        width = max(max(lengths[start:stop]), 1)
+        # scatter the chunk's tokens into a padded (docs, width, d) block
+        doc_of_token = torch.repeat_interleave(
+            torch.arange(stop - start, device=Q.device), chunk_lengths
+        )
+        slot = torch.arange(hi - lo, device=Q.device) - (
+            torch.tensor(offsets[start:stop], device=Q.device) - lo
+        ).repeat_interleave(chunk_lengths)
+        D = tokens.new_zeros(stop - start, width, tokens.shape[1])
+        D[doc_of_token, slot] = tokens
+        mask = torch.arange(width, device=Q.device) < chunk_lengths[:, None]
+        blocks.append(maxsim_unchecked(Q, D, q_mask, mask, backend=backend))
+    if not blocks:
+        return Q.new_zeros(Q.shape[0], 0, dtype=torch.float32)
+    return torch.cat(blocks, dim=1)

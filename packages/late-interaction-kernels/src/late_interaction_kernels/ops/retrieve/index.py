@@ -1,0 +1,196 @@
+"""The :class:`MaxSimIndex` collection: validation of the documents, saving and loading, and
+chunked scoring with a running top-k."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import torch
+
+from ..maxsim import maxsim_unchecked
+from .validation import check_queries, describe
+
+#: Documents scored per chunk when none is given.
+DEFAULT_CHUNK_SIZE = 4096
+#: The on-disk layout :meth:`MaxSimIndex.save` writes (kept by :meth:`MaxSimIndex.load`).
+INDEX_FORMAT = 1
+
+
+def pad_documents(docs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(padded (n, max L, d), bool mask (n, max L))`` of a non-empty list of ``(L_i, d)``
+    documents, the padding masked out."""
+    lengths = torch.tensor([doc.shape[0] for doc in docs], device=docs[0].device)
+    padded = torch.nn.utils.rnn.pad_sequence(list(docs), batch_first=True)
+    mask = torch.arange(padded.shape[1], device=padded.device) < lengths[:, None]
+    return padded, mask
+
+
+class MaxSimIndex:
+    """A document collection held for repeated scoring and top-k search.
+
+    Args:
+        documents: ``(Nd, Ld, d)`` tensor (padded; give ``d_mask``) or a sequence of ``(L_i, d)``
+            tensors of uneven lengths (padded chunk by chunk, the padding masked out).
+        d_mask: bool ``(Nd, Ld)``, True = valid token; only with a tensor ``documents``.
+        chunk_size: documents per chunk (default :data:`DEFAULT_CHUNK_SIZE`).
+        normalize: L2-normalise every token before scoring.
+
+    Example:
+        >>> index = MaxSimIndex(doc_embeddings, d_mask)
+        >>> scores, ids = index.topk(query_embeddings, k=10)
+    """
+
+    def __init__(
+        self,
+        documents: torch.Tensor | Sequence[torch.Tensor],
+        d_mask: torch.Tensor | None = None,
+        *,
+        chunk_size: int | None = None,
+        normalize: bool = False,
+    ) -> None:
+        if chunk_size is None:
+            chunk_size = DEFAULT_CHUNK_SIZE
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+        if isinstance(documents, torch.Tensor):
+            if documents.dim() != 3:
+                raise ValueError(
+                    f"documents must be (Nd, Ld, d) or a list of (L, d) tensors, got {describe(documents)}"
+                )
+            if d_mask is not None and (
+                not isinstance(d_mask, torch.Tensor)
+                or d_mask.dtype != torch.bool
+                or tuple(d_mask.shape) != tuple(documents.shape[:2])
+            ):
+                raise ValueError(
+                    f"d_mask must be a bool tensor of shape {tuple(documents.shape[:2])}, got {describe(d_mask)}"
+                )
+            self._padded, self._list = documents, None
+            self.dim = documents.shape[-1]
+        else:
+            if d_mask is not None:
+                raise ValueError(
+                    "d_mask is only accepted with a (Nd, Ld, d) tensor; a list of documents is masked by its lengths"
+                )
+            docs = list(documents)
+            for i, doc in enumerate(docs):
+                if not isinstance(doc, torch.Tensor) or doc.dim() != 2:
+                    raise ValueError(
+                        f"documents[{i}] must be an (L, d) tensor, got {describe(doc)}"
+                    )
+            if docs and any(doc.shape[-1] != docs[0].shape[-1] for doc in docs):
+                raise ValueError("every document must have the same embedding width d")
+            self._padded, self._list = None, docs
+            self.dim = docs[0].shape[-1] if docs else 0
+        self.d_mask = d_mask
+        self.chunk_size = chunk_size
+        self.normalize = normalize
+
+    def __len__(self) -> int:
+        return self._padded.shape[0] if self._padded is not None else len(self._list)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the index to one file (``torch.save`` of tensors and plain values; a list of
+        uneven documents is stored packed, with its lengths)."""
+        torch.save(self._state(), path)
+
+    def _state(self) -> dict:
+        """What :meth:`save` writes (also a part of a sharded index's per-rank files)."""
+        state: dict = {
+            "format": INDEX_FORMAT,
+            "chunk_size": self.chunk_size,
+            "normalize": self.normalize,
+            "dim": int(self.dim),
+            "d_mask": self.d_mask,
+        }
+        if self._padded is not None:
+            state["documents"] = self._padded
+        else:
+            state["lengths"] = torch.tensor([doc.shape[0] for doc in self._list], dtype=torch.int64)
+            state["packed"] = torch.cat(self._list) if self._list else torch.empty(0, self.dim)
+        return state
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, *, device: torch.device | str | None = None
+    ) -> MaxSimIndex:
+        """An index written by :meth:`save`, on ``device`` (default: where it was saved). Only
+        tensors and plain values are unpickled (``weights_only``); a file that is not an index
+        raises ``ValueError`` naming it."""
+        state = torch.load(path, map_location=device, weights_only=True)
+        return cls._from_state(state, os.fspath(path))
+
+    @classmethod
+    def _from_state(cls, state, source: str) -> MaxSimIndex:
+        """The index of a :meth:`_state` dict read from ``source`` (named in errors)."""
+        path = source
+        if not isinstance(state, dict) or state.get("format") != INDEX_FORMAT:
+            raise ValueError(
+                f"{os.fspath(path)!r} is not a MaxSimIndex file (format {INDEX_FORMAT})"
+            )
+        try:
+            options = {"chunk_size": state["chunk_size"], "normalize": state["normalize"]}
+            if "documents" in state:
+                return cls(state["documents"], state["d_mask"], **options)
+            lengths = [int(n) for n in state["lengths"]]
+            packed = state["packed"]
+        except KeyError as exc:
+            raise ValueError(f"{os.fspath(path)!r} is missing the field {exc}") from None
+        if sum(lengths) != packed.shape[0]:
+            raise ValueError(f"{os.fspath(path)!r}: the lengths do not add up to the packed rows")
+        index = cls(list(packed.split(lengths)) if lengths else [], **options)
+        index.dim = state["dim"]
+        return index
+
+    def _chunks(self):
+        """Yield ``(start, D_chunk, d_mask_chunk)``."""
+        n = len(self)
+        for start in range(0, n, self.chunk_size):
+            stop = min(start + self.chunk_size, n)
+            if self._padded is not None:
+                mask = None if self.d_mask is None else self.d_mask[start:stop]
+                yield start, self._padded[start:stop], mask
+            else:
+                yield start, *pad_documents(self._list[start:stop])
+
+    def _check(self, Q, q_mask) -> None:
+        check_queries(Q, q_mask)
+        if len(self) == 0:
+            raise ValueError("the document collection is empty (documents has no rows)")
+        if Q.shape[-1] != self.dim:
+            raise ValueError(f"Q has embedding width {Q.shape[-1]}, the documents have {self.dim}")
+
+    @torch.no_grad()
+    def scores(self, Q: torch.Tensor, q_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """All scores, float32 ``(Nq, Nd)`` (the full matrix: use :meth:`topk` for large
+        collections)."""
+        self._check(Q, q_mask)
+        blocks = [
+            maxsim_unchecked(Q, D, q_mask, mask, normalize=self.normalize)
+            for _, D, mask in self._chunks()
+        ]
+        return torch.cat(blocks, dim=1)
+
+    @torch.no_grad()
+    def topk(
+        self, Q: torch.Tensor, k: int, q_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` best documents per query: ``(scores float32 (Nq, k), indices int64 (Nq, k))``,
+        best first."""
+        self._check(Q, q_mask)
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(self):
+            raise ValueError(
+                f"k must be an int in [1, {len(self)}] (the number of documents), got {k!r}"
+            )
+        best_scores = best_ids = None
+        for start, D, mask in self._chunks():
+            block = maxsim_unchecked(Q, D, q_mask, mask, normalize=self.normalize)
+            ids = torch.arange(start, start + block.shape[1], device=block.device).expand_as(block)
+            if best_scores is not None:
+                block = torch.cat([best_scores, block], dim=1)
+                ids = torch.cat([best_ids, ids], dim=1)
+            take = min(k, block.shape[1])
+            best_scores, where = block.topk(take, dim=1)
+            best_ids = ids.gather(1, where)
+        return best_scores, best_ids
