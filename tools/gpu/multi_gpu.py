@@ -3,6 +3,7 @@
 
     python3 tools/gpu/multi_gpu.py                        # everything, results in $OUT
     python3 tools/gpu/multi_gpu.py --only lik-sharded-speed-1 vq-ddp-1 vq-ddp-2 --skip-tests
+    python3 tools/gpu/multi_gpu.py --only vq-ddp-2 lik-cross-rank-2 --skip-tests --profile
 
 Writes ``multigpu.json`` (each job's exit status, seconds and the JSON its script wrote) and
 ``multigpu.log`` (every job's output), with the tests' ``pytest.log`` and ``pytest.xml``, to the
@@ -40,12 +41,17 @@ JOBS: dict[str, tuple[Path, int, list[str], int]] = {
     "tomo-ddp-8k-2": (TOMO / "ddp_step.py", 2, ["--rays", "8192", "--steps", "100"], 180),
 }
 
+#: Scripts that take ``--profile`` (where each rank's step time goes).
+PROFILED = {VQ / "ddp_step.py", LIK / "cross_rank_contrastive.py", TOMO / "ddp_step.py"}
+
 #: Scripts that only run under torchrun (``tools/gpu/run.py`` leaves them to this runner).
 DISTRIBUTED_SCRIPTS = {script for script, *_ in JOBS.values()}
 
 
-def run_job(name: str, out: Path, env: dict[str, str], log) -> dict:
+def run_job(name: str, out: Path, env: dict[str, str], log, profile: bool = False) -> dict:
     script, nproc, extra, timeout = JOBS[name]
+    if profile and script in PROFILED:
+        extra = [*extra, "--profile"]
     part = out / f"{name}.json"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -76,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-results")))
     parser.add_argument("--only", nargs="*", choices=sorted(JOBS), help="jobs to run")
     parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="profile the steps that can be")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     env = environment()
@@ -86,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["tests"] = run_tests(args.out, env, ["-m", "multigpu"], 300)
             print(f"tests: {summary['tests']}", flush=True)
         for name in args.only or list(JOBS):
-            summary["jobs"].append(run_job(name, args.out, env, log))
+            summary["jobs"].append(run_job(name, args.out, env, log, args.profile))
             (args.out / "multigpu.json").write_text(json.dumps(summary, indent=2, default=str))
     print("\n== summary ==")
     if "tests" in summary:

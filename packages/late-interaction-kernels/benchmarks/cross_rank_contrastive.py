@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 
 import torch
@@ -48,12 +47,14 @@ import torch.nn.functional as F
 from late_interaction_kernels import maxsim, maxsim_across_ranks
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from triton_dispatch.bench import (
+    collective_ms,
     environment,
+    format_profile,
     median_ms,
     peak_memory_bytes,
-    synchronize,
-    wall_ms_per_call,
+    profile_step,
 )
+from triton_dispatch.graphs import CapturedStep
 
 FULL = dict(nq=128, lq=32, nd=128, ld=300, dim=128, warmup=10, iters=50)
 TINY = dict(nq=3, lq=4, nd=3, ld=6, dim=16, warmup=1, iters=3)
@@ -98,57 +99,26 @@ def step_single(Q, D):
     return (loss, *torch.autograd.grad(loss, (Q, D)))
 
 
-def _per_call_ms(fn, device, iters: int) -> list[float]:
-    """Each call between two CUDA events, the queue kept full (one synchronize at the end, as
-    ``do_bench`` does); host time per call on the CPU."""
-    if device.type != "cuda":
-        times = []
-        for _ in range(iters):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return times
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(iters)
-    ]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize(device)
-    return [start.elapsed_time(end) for start, end in events]
-
-
-def time_collective(fn, device, warmup: int, iters: int) -> dict:
-    """The same number of calls on every rank: per-call GPU time (events) and wall time."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    dist.barrier()
-    times = _per_call_ms(fn, device, iters)
-    dist.barrier()
-    synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    synchronize(device)
-    wall = (time.perf_counter() - t0) / iters * 1e3
-    memory = peak_memory_bytes(fn, device=device)
-    return {"median_ms": statistics.median(times), "wall_ms_per_call": wall, "peak_bytes": memory}
-
-
-def time_single(fn, device, warmup: int, iters: int) -> dict:
-    """One process alone: the same event loop as the collectives, plus ``do_bench``."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = _per_call_ms(fn, device, iters)
+def time_collective(
+    fn, device, warmup: int, iters: int, profile: bool = False, together: bool = True
+) -> dict:
+    """The same number of calls on every rank (``collective_ms``): per-call GPU time (events),
+    GPU time per call of a back-to-back loop, wall time; where the time goes with ``profile``."""
+    timed = collective_ms(fn, device=device, calls=iters, warmup=warmup, together=together)
     out = {
-        "median_ms": statistics.median(times),
-        "wall_ms_per_call": wall_ms_per_call(fn, device=device, calls=iters, warmup=1),
+        "median_ms": timed["gpu_ms"],
+        "loop_ms_per_call": timed["loop_gpu_ms"],
+        "wall_ms_per_call": timed["wall_ms"],
         "peak_bytes": peak_memory_bytes(fn, device=device),
     }
+    if profile:
+        out["profile"] = profile_step(fn, device=device, calls=20, python_top=12, together=together)
+    return out
+
+
+def time_single(fn, device, warmup: int, iters: int, profile: bool = False) -> dict:
+    """One process alone: the same timer as the collectives, plus ``do_bench``."""
+    out = time_collective(fn, device, warmup, iters, profile, together=False)
     if device.type == "cuda":
         out["do_bench_median_ms"] = median_ms(fn, device=device)
     return out
@@ -204,6 +174,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="cross_rank_contrastive.json")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (CPU, interpreter)")
+    parser.add_argument("--profile", action="store_true", help="where each step's time goes")
     args = parser.parse_args()
     started = time.perf_counter()
     cuda = torch.cuda.is_available() and not args.tiny
@@ -228,18 +199,37 @@ def main() -> None:
         ("across_ranks_uniform", step_across_ranks_uniform),
         ("all_gather_with_grad", step_all_gather_with_grad),
     ):
-        record = time_collective(lambda s=step: s(Q, D), device, warmup, iters)
+        record = time_collective(lambda s=step: s(Q, D), device, warmup, iters, args.profile)
         per_rank = [None] * world
         dist.all_gather_object(per_rank, record)
         results["per_rank"][name] = per_rank
+    if cuda:
+        # the uniform step replayed as one CUDA graph, collectives included (the default path's
+        # size exchange reads the sizes back on the host, which a graph cannot hold)
+        graphed = CapturedStep(lambda: step_across_ranks_uniform(Q, D)[0])
+        record = time_collective(graphed, device, warmup, iters, args.profile)
+        per_rank = [None] * world
+        dist.all_gather_object(per_rank, record)
+        results["per_rank"]["across_ranks_uniform_graphed"] = per_rank
+        # a live graph holding NCCL kernels keeps the communicator from being torn down
+        del graphed
+        torch.cuda.synchronize(device)
 
     if rank == 0:
         docs = torch.cat([D] + [_batch(r, shape, device, dtype)[1] for r in range(1, world)])
         docs = docs.detach().requires_grad_()
-        results["single_local"] = time_single(lambda: step_single(Q, D), device, warmup, iters)
-        results["single_same_compute"] = time_single(
-            lambda: step_single(Q, docs), device, warmup, iters
+        results["single_local"] = time_single(
+            lambda: step_single(Q, D), device, warmup, iters, args.profile
         )
+        results["single_same_compute"] = time_single(
+            lambda: step_single(Q, docs), device, warmup, iters, args.profile
+        )
+        if cuda:
+            graphed_single = CapturedStep(lambda: step_single(Q, D)[0])
+            results["single_local_graphed"] = time_single(
+                graphed_single, device, warmup, iters, args.profile
+            )
+            del graphed_single
     dist.barrier()
     equality = check_equality(rank, world, shape, device, dtype)
 
@@ -252,6 +242,10 @@ def main() -> None:
             name: max(r["wall_ms_per_call"] for r in per_rank)
             for name, per_rank in results["per_rank"].items()
         }
+        loop_ms = {
+            name: max(r["loop_ms_per_call"] for r in per_rank)
+            for name, per_rank in results["per_rank"].items()
+        }
         local, same = results["single_local"], results["single_same_compute"]
         summary = {
             "across_ranks_ms": step_ms["across_ranks"],
@@ -260,9 +254,22 @@ def main() -> None:
             "single_local_ms": local["median_ms"],
             "single_same_compute_ms": same["median_ms"],
             "ratio_vs_single_local": step_ms["across_ranks"] / local["median_ms"],
+            "loop_ratio_uniform_vs_single_local": loop_ms["across_ranks_uniform"]
+            / local["loop_ms_per_call"],
             "ratio_vs_single_same_compute": step_ms["across_ranks"] / same["median_ms"],
+            "graphed_ratio_vs_single_local_graphed": (
+                loop_ms["across_ranks_uniform_graphed"]
+                / results["single_local_graphed"]["loop_ms_per_call"]
+                if "single_local_graphed" in results
+                else None
+            ),
             "speedup_vs_all_gather_with_grad": step_ms["all_gather_with_grad"]
             / step_ms["across_ranks"],
+            "loop_ms_per_call": {
+                **loop_ms,
+                "single_local": local["loop_ms_per_call"],
+                "single_same_compute": same["loop_ms_per_call"],
+            },
             "wall_ms_per_call": {
                 **wall_ms,
                 "single_local": local["wall_ms_per_call"],
@@ -285,12 +292,27 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=2)
         print(f"{world} ranks, {record['environment']['device']}, {dtype}, per rank {shape}")
-        print(f"{'step':<34}{'median ms':>10}{'wall ms':>10}")
-        for name in ("across_ranks", "across_ranks_uniform", "all_gather_with_grad"):
-            print(f"{name + ' (slowest rank)':<34}{step_ms[name]:>10.3f}{wall_ms[name]:>10.3f}")
-        for name in ("single_local", "single_same_compute"):
+        print(f"{'step':<34}{'median ms':>10}{'loop ms':>10}{'wall ms':>10}")
+        for name in results["per_rank"]:
+            print(
+                f"{name + ' (slowest rank)':<34}{step_ms[name]:>10.3f}{loop_ms[name]:>10.3f}"
+                f"{wall_ms[name]:>10.3f}"
+            )
+            for i, r in enumerate(results["per_rank"][name]):
+                if "profile" in r:
+                    print(
+                        "    " + format_profile(f"rank {i}", r["profile"]).replace("\n", "\n    ")
+                    )
+        for name in ("single_local", "single_same_compute", "single_local_graphed"):
+            if name not in results:
+                continue
             r = results[name]
-            print(f"{name + ' (rank 0)':<34}{r['median_ms']:>10.3f}{r['wall_ms_per_call']:>10.3f}")
+            print(
+                f"{name + ' (rank 0)':<34}{r['median_ms']:>10.3f}{r['loop_ms_per_call']:>10.3f}"
+                f"{r['wall_ms_per_call']:>10.3f}"
+            )
+            if "profile" in r:
+                print("    " + format_profile("rank 0", r["profile"]).replace("\n", "\n    "))
         print(
             f"across_ranks / single_local {summary['ratio_vs_single_local']:.3f}, "
             f"/ single_same_compute {summary['ratio_vs_single_same_compute']:.3f}, "

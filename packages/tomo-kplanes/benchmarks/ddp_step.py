@@ -11,7 +11,9 @@ step is the difference of the two wall times over ``--steps``, so setup and capt
 Cases: the default step (one CUDA graph per step, collective included, under NCCL) and the eager
 step. Also: the gradient all-reduce alone (one flat buffer of every parameter's gradient, timed
 over a fixed count on every rank) against the step, and whether the replicas hold identical
-parameters after the runs. Rank 0 writes the JSON. ``--tiny``: small shapes on CPU (gloo).
+parameters after the runs. Rank 0 writes the JSON. ``--profile``: where each rank's step time
+goes (runs of ``steps`` and ``2 x steps`` steps profiled, the difference per step). ``--tiny``:
+small shapes on CPU (gloo).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import torch.distributed as dist
 from tomo_kplanes.geometry import TiltGeometry, tilt_range
 from tomo_kplanes.objective import LossWeights
 from tomo_kplanes.train import ReconstructionConfig, reconstruct
-from triton_dispatch.bench import synchronize
+from triton_dispatch.bench import format_profile, profile_step, synchronize
 
 
 def _args() -> argparse.Namespace:
@@ -37,6 +39,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--rays", type=int, default=1024, help="rays per step (the global batch)")
     p.add_argument("--tiny", action="store_true", help="small shapes on the CPU (gloo)")
+    p.add_argument("--profile", action="store_true", help="where each step's time goes")
     return p.parse_args()
 
 
@@ -47,6 +50,24 @@ def _run(series, geo, config, steps, device):
     result = reconstruct(series, geo, ReconstructionConfig(**{**config, "steps": steps}))
     synchronize(device)
     return time.perf_counter() - t0, result
+
+
+def per_step_profile(short: dict, long: dict, steps: int) -> dict:
+    """Per step: ``profile_step``'s figures of a run of ``2 * steps`` steps less those of a run of
+    ``steps`` (setup and graph capture cancel, as in the timing)."""
+    out = {
+        k: (v - short[k]) / steps
+        for k, v in long.items()
+        if k.endswith("_ms") and k != "host_ms" and k in short
+    }
+    before = {t["kernel"]: t for t in short.get("top", [])}
+    top = []
+    for t in long.get("top", []):
+        b = before.get(t["kernel"], {"ms": 0.0, "per_call": 0.0})
+        top.append({"kernel": t["kernel"], "ms": (t["ms"] - b["ms"]) / steps,
+                    "per_call": (t["per_call"] - b["per_call"]) / steps})  # fmt: skip
+    out["top"] = sorted(top, key=lambda t: -t["ms"])[:8]
+    return out
 
 
 def main() -> None:
@@ -94,6 +115,15 @@ def main() -> None:
         long, result = _run(series, geo, cfg, 2 * steps, device)
         per_step = max(long - short, 1e-9) / steps
         records[name] = {"ms_per_step": per_step * 1e3, "steps_per_s": 1.0 / per_step}
+        if args.profile:
+            runs = [
+                profile_step(
+                    lambda c=cfg, n=n: _run(series, geo, c, n, device),
+                    device=device, calls=1, warmup=0, top=60,
+                )
+                for n in (steps, 2 * steps)
+            ]  # fmt: skip
+            records[name]["profile"] = per_step_profile(*runs, steps)
         params = [p.detach() for p in result.object_model.field.parameters()]
 
     numel = sum(p.numel() for p in params) + 1
@@ -120,6 +150,8 @@ def main() -> None:
         mismatch += (mine != p).sum()
     dist.all_reduce(mismatch)
     checks = {"replicas_identical": bool(mismatch.item() == 0)}
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, records)
 
     if rank == 0:
         out = {
@@ -133,6 +165,7 @@ def main() -> None:
                       "samples_per_ray": samples, "tv_points": tv, "rays_per_rank": -(-rays // world)},
             "timed_steps": steps,
             "records": records,
+            "per_rank": per_rank,
             "checks": checks,
         }  # fmt: skip
         try:
@@ -147,6 +180,10 @@ def main() -> None:
         for name, r in records.items():
             extra = f"   {r['steps_per_s']:8.1f} steps/s" if "steps_per_s" in r else ""
             print(f"  {name:28s} {r['ms_per_step']:9.4f} ms{extra}")
+            for i, rank_records in enumerate(per_rank):
+                if "profile" in rank_records[name]:
+                    text = format_profile(f"rank {i}", rank_records[name]["profile"])
+                    print("    " + text.replace("\n", "\n    "))
         print(f"  checks: {checks}")
     dist.destroy_process_group()
 

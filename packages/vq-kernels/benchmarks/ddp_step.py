@@ -7,11 +7,13 @@ with one process and once with two, and compare the step times:
 
 The step is what a user runs: the module's forward (search, losses, EMA update of every level)
 on bf16 encoder output, then the loss's backward. One process runs it without a process group
-(the single-GPU step); several pass the group. Records: GPU time per step (median of CUDA-event
-timings over a fixed number of steps, the same on every rank: ``do_bench`` picks its repeat count
-per process, and ranks that run different numbers of collectives deadlock), wall time per step,
-the statistics all-reduce alone, and checks that the ranks hold identical state and equal one
-process on the concatenated batch (gathered to rank 0). ``--tiny``: small shapes on CPU (gloo).
+(the single-GPU step); several pass the group. Records, per rank (``triton_dispatch.bench.
+collective_ms``: the same call count on every rank): GPU time per step (median of per-call CUDA
+events), GPU time per step of a back-to-back loop, wall time per step, the statistics all-reduce
+alone, and checks that the ranks hold identical state and equal one process on the concatenated
+batch (gathered to rank 0). On CUDA the step is also timed replayed as one CUDA graph
+(``triton_dispatch.graphs.CapturedStep``, the collective inside the graph). ``--profile``: where each rank's step time goes (collective, compute,
+idle; ``profile_step``). ``--tiny``: small shapes on CPU (gloo).
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
 import torch.distributed as dist
 
-from triton_dispatch.bench import synchronize
+from triton_dispatch.bench import collective_ms, format_profile, profile_step, synchronize
+from triton_dispatch.graphs import CapturedStep
 from vq_kernels import ResidualVQ
 
 
@@ -37,35 +38,17 @@ def _args() -> argparse.Namespace:
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--steps", type=int, default=200, help="timed steps")
     p.add_argument("--tiny", action="store_true", help="small shapes on the CPU (gloo)")
+    p.add_argument("--profile", action="store_true", help="where each step's time goes")
     return p.parse_args()
 
 
-def _time(fn, steps: int, device: torch.device) -> tuple[float, float]:
-    """(median GPU ms per call from CUDA events, wall ms per call); the same count on every rank."""
-    for _ in range(max(steps // 10, 3)):
-        fn()
-    synchronize(device)
-    dist.barrier()
-    per_call = []
-    if device.type == "cuda":
-        events = [
-            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            for _ in range(steps)
-        ]
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
-        synchronize(device)
-        per_call = [start.elapsed_time(end) for start, end in events]
-    dist.barrier()
-    synchronize(device)
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    synchronize(device)
-    wall = (time.perf_counter() - t0) * 1e3 / steps
-    return (statistics.median(per_call) if per_call else wall), wall
+def _time(fn, steps: int, device: torch.device, profile: bool) -> dict:
+    """GPU and wall ms per step over the same call count on every rank (and where the time goes,
+    with ``--profile``)."""
+    out = collective_ms(fn, device=device, calls=steps, warmup=max(steps // 10, 3))
+    if profile:
+        out["profile"] = profile_step(fn, device=device, calls=20, python_top=12)
+    return out
 
 
 def _module(dim, codes, levels, group, device):
@@ -106,19 +89,27 @@ def main() -> None:
         return loss
 
     records = {}
-    records["step"] = dict(zip(("gpu_ms", "wall_ms"), _time(step, steps, device)))
+    records["step"] = _time(step, steps, device, args.profile)
+    if device.type == "cuda":
+        # the same step replayed as one CUDA graph (collective included): no host time per step
+        graphed_vq = _module(dim, codes, levels, group, device)
+        graphed = CapturedStep(lambda: step(graphed_vq))
+        records["step, CUDA graph"] = _time(graphed, steps, device, args.profile)
+        # a live graph holding NCCL kernels keeps the communicator from being torn down
+        del graphed, graphed_vq
+        torch.cuda.synchronize(device)
     if world == 1:
         # the group path with nobody to talk to: what the kernels alone cost on that path
         grouped = _module(dim, codes, levels, dist.group.WORLD, device)
-        records["step, group of one"] = dict(
-            zip(("gpu_ms", "wall_ms"), _time(lambda: step(grouped), steps, device))
-        )
+        records["step, group of one"] = _time(lambda: step(grouped), steps, device, args.profile)
     flat = torch.zeros(levels * codes * (2 * dim + 1), device=device)
-    records["statistics all-reduce alone"] = dict(
-        zip(("gpu_ms", "wall_ms"), _time(lambda: dist.all_reduce(flat), steps, device))
+    records["statistics all-reduce alone"] = _time(
+        lambda: dist.all_reduce(flat), steps, device, False
     )
     records["statistics all-reduce alone"]["bytes"] = flat.numel() * flat.element_size()
 
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, records)
     checks = _checks(full, rows, levels, codes, dim, group, device, dtype, rank, world)
     if rank == 0:
         result = {
@@ -132,6 +123,7 @@ def main() -> None:
             "dtype": str(dtype),
             "steps": steps,
             "records": records,
+            "per_rank": per_rank,
             "checks": checks,
         }
         try:
@@ -145,8 +137,17 @@ def main() -> None:
         print(
             f"vq ddp_step: world {world}, {rows} rows/rank, L={levels} K={codes} D={dim}, {dtype}"
         )
-        for name, r in records.items():
-            print(f"  {name:32s} gpu {r['gpu_ms']:8.4f} ms   wall {r['wall_ms']:8.4f} ms")
+        for name in records:
+            # the slowest rank's figures are the step's
+            r = max((rank_records[name] for rank_records in per_rank), key=lambda x: x["gpu_ms"])
+            print(
+                f"  {name:32s} gpu {r['gpu_ms']:8.4f} ms   loop {r['loop_gpu_ms']:8.4f} ms   "
+                f"wall {r['wall_ms']:8.4f} ms"
+            )
+            for i, rank_records in enumerate(per_rank):
+                if "profile" in rank_records[name]:
+                    text = format_profile(f"rank {i}", rank_records[name]["profile"])
+                    print("    " + text.replace("\n", "\n    "))
         print(f"  checks: {checks}")
     dist.destroy_process_group()
 

@@ -82,3 +82,34 @@ def test_wall_time_per_call_counts_every_call():
     calls = []
     ms = wall_ms_per_call(lambda: calls.append(1), calls=50, warmup=5)
     assert len(calls) == 55 and ms >= 0
+
+
+def test_collective_timer_runs_the_same_count_everywhere_and_times_the_loop():
+    from triton_dispatch.bench import collective_ms
+
+    calls = []
+
+    def step():
+        calls.append(1)
+        sum(range(2000))  # some host time to measure
+
+    timed = collective_ms(step, calls=20, warmup=3)
+    # warm-up, then the timed loop (the per-call event loop runs on CUDA only)
+    assert len(calls) == 23
+    assert set(timed) == {"gpu_ms", "loop_gpu_ms", "wall_ms"}
+    assert all(v > 0 for v in timed.values())
+
+
+def test_step_profile_names_the_python_work_of_a_step():
+    from triton_dispatch.bench import format_profile, profile_step
+
+    def busy_helper():
+        return sum(i * i for i in range(5000))
+
+    profile = profile_step(busy_helper, calls=5, warmup=1, python_top=5)
+    assert profile["calls"] == 5 and profile["host_ms"] > 0
+    functions = [row["function"] for row in profile["python"]]
+    assert any("genexpr" in f or "busy_helper" in f for f in functions), functions
+    assert all(row["per_call"] > 0 for row in profile["python"])
+    text = format_profile("step", profile)
+    assert text.startswith("step: host") and "us own" in text

@@ -95,6 +95,210 @@ def peak_memory_bytes(
     return int(torch.cuda.max_memory_allocated(device) - before)
 
 
+def collective_ms(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str = "cpu",
+    calls: int = 50,
+    warmup: int = 5,
+    group: Any = None,
+    together: bool = True,
+) -> dict[str, float]:
+    """Time a step that runs collectives: the same number of calls on every rank of ``group``
+    (``do_bench`` picks its count per process, and ranks that launch different numbers of
+    collectives hang), started together after a barrier.
+
+    Returns ``gpu_ms`` (median of per-call CUDA-event timings, the queue kept full; on the host,
+    the median wall time of a call), ``loop_gpu_ms`` (one pair of events around ``calls``
+    back-to-back calls, divided by ``calls``: the steady-state throughput of a training loop, in
+    which one rank's late launch is absorbed by the queue instead of counted per call) and
+    ``wall_ms`` (host clock around the same loop, one synchronize at the end). Every rank gets its
+    own figures; the slowest rank's are the step's. ``together=False`` skips the barriers: one
+    rank timing a single-GPU step while the others wait.
+    """
+    import torch.distributed as dist
+
+    def barrier() -> None:
+        synchronize(device)
+        if together and dist.is_available() and dist.is_initialized():
+            dist.barrier(group=group)
+
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    barrier()
+    per_call: list[float] = []
+    if device.type == "cuda":
+        events = [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(calls)
+        ]
+        for start, end in events:
+            start.record()
+            fn()
+            end.record()
+        synchronize(device)
+        per_call = [start.elapsed_time(end) for start, end in events]
+        barrier()
+    loop_start = loop_end = None
+    if device.type == "cuda":
+        loop_start = torch.cuda.Event(enable_timing=True)
+        loop_end = torch.cuda.Event(enable_timing=True)
+        loop_start.record()
+    t0 = time.perf_counter()
+    host: list[float] = []
+    for _ in range(calls):
+        t1 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t1) * 1e3)
+    if loop_end is not None:
+        loop_end.record()
+    synchronize(device)
+    wall = (time.perf_counter() - t0) / calls * 1e3
+    barrier()
+    loop = loop_start.elapsed_time(loop_end) / calls if loop_start is not None else wall
+    return {
+        "gpu_ms": statistics.median(per_call) if per_call else statistics.median(host),
+        "loop_gpu_ms": loop,
+        "wall_ms": wall,
+    }
+
+
+def profile_step(
+    fn: Callable[[], Any],
+    *,
+    device: torch.device | str = "cpu",
+    calls: int = 20,
+    warmup: int = 3,
+    top: int = 8,
+    python_top: int = 0,
+    together: bool = True,
+) -> dict[str, Any]:
+    """Where the time of a step goes, per call: the host time that enqueues it, and on CUDA the
+    GPU time by kind — collectives (NCCL kernels, which include the time a rank waits for its
+    peers), other kernels, copies and fills — the GPU's busy time (the union of those intervals,
+    streams overlapping), the span from the first to the last of them, and the idle time in
+    between (waits on the host or on another rank that no kernel covers). ``top``: the kernels
+    that take the most time, with their launches per call. ``python_top``: that many Python
+    functions with the most host time of their own (``cProfile`` over ``calls`` more calls; its
+    overhead inflates the figures, so read them against each other).
+
+    Under a process group every phase starts after a barrier (``together=False``: one rank
+    alone). Runs ``calls`` calls under ``torch.profiler`` (CUDA activity only, so the host figures come
+    from a separate unprofiled loop). A collective step must be profiled on every rank.
+    """
+    import tempfile
+
+    import torch.distributed as dist
+
+    def barrier() -> None:
+        synchronize(device)
+        if together and dist.is_available() and dist.is_initialized():
+            dist.barrier()
+
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    barrier()
+    host = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e3)
+    synchronize(device)
+    out: dict[str, Any] = {"calls": calls, "host_ms": statistics.median(host)}
+    if python_top:
+        barrier()
+        out["python"] = _python_profile(fn, device, calls, python_top)
+    if device.type != "cuda":
+        return out
+    from torch.profiler import ProfilerActivity, profile
+
+    barrier()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    kinds = {"kernel": "compute", "gpu_memcpy": "copy", "gpu_memset": "fill"}
+    spans: list[tuple[float, float]] = []
+    by_kind = dict.fromkeys(("collective", "compute", "copy", "fill"), 0.0)
+    by_name: dict[str, list[float]] = {}
+    for e in trace.get("traceEvents", []):
+        kind = kinds.get(e.get("cat", ""))
+        if kind is None or e.get("ph") != "X":
+            continue
+        start, dur = float(e["ts"]), float(e.get("dur", 0.0))
+        name = str(e.get("name", ""))
+        if kind == "compute" and "nccl" in name.lower():
+            kind = "collective"
+        by_kind[kind] += dur
+        spans.append((start, start + dur))
+        entry = by_name.setdefault(name[:80], [0.0, 0])
+        entry[0] += dur
+        entry[1] += 1
+    busy = 0.0
+    end = float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    span = (max(b for _, b in spans) - min(a for a, _ in spans)) if spans else 0.0
+    per = 1e-3 / calls  # microseconds in total -> milliseconds per call
+    out.update(
+        {f"{k}_ms": v * per for k, v in by_kind.items()},
+        busy_ms=busy * per,
+        span_ms=span * per,
+        idle_ms=(span - busy) * per,
+        top=[
+            {"kernel": n, "ms": t * per, "per_call": c / calls}
+            for n, (t, c) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]
+        ],
+    )
+    return out
+
+
+def _python_profile(fn: Callable[[], Any], device, calls: int, top: int) -> list[dict[str, Any]]:
+    import cProfile
+    import os
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    synchronize(device)
+    rows = []
+    for (path, line, func), (_, ncalls, own, total, _) in pstats.Stats(profiler).stats.items():
+        rows.append(
+            {
+                "function": f"{os.path.basename(path)}:{line}({func})",
+                "own_us": own / calls * 1e6,
+                "total_us": total / calls * 1e6,
+                "per_call": ncalls / calls,
+            }
+        )
+    return sorted(rows, key=lambda r: -r["own_us"])[:top]
+
+
+def format_profile(name: str, p: Mapping[str, Any]) -> str:
+    """One line of :func:`profile_step`'s figures, then its top kernels."""
+    keys = ("host_ms", "span_ms", "busy_ms", "idle_ms", "collective_ms", "compute_ms", "copy_ms",
+            "fill_ms")  # fmt: skip
+    line = f"{name}: " + "  ".join(f"{k[:-3]} {p[k]:.3f}" for k in keys if k in p)
+    tops = [f"    {t['ms']:.3f} ms x{t['per_call']:g}  {t['kernel']}" for t in p.get("top", [])]
+    python = [
+        f"    host {r['own_us']:7.1f} us own {r['total_us']:8.1f} us total x{r['per_call']:g}  "
+        f"{r['function']}"
+        for r in p.get("python", [])
+    ]
+    return "\n".join([line, *tops, *python])
+
+
 def environment(device: torch.device | str = "cpu") -> dict[str, str]:
     """Device, versions and date for a benchmark record."""
     device = torch.device(device)

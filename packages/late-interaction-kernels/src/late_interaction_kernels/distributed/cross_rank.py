@@ -4,17 +4,16 @@ Contrastive training on several GPUs enlarges the pool of negatives by gathering
 all ranks. :func:`maxsim_across_ranks` does this with the fused MaxSim kernels on
 ``torch.distributed`` collectives:
 
-* forward: one tiny all-gather of the ranks' sizes, then an asynchronous all-gather of the
-  documents (padded to the largest ``Nd`` and ``Ld``, the padding masked), during which the local
-  documents are scored; then the documents of the other ranks are scored;
-* backward: the gradients of the other ranks' documents are computed first and sent off in an
-  asynchronous reduce-scatter (sum), during which the local block's backward runs; each rank ends
-  with the summed gradient of its own documents.
+* forward: one tiny all-gather of the ranks' sizes (skipped with ``uniform=True``), then one
+  all-gather of the documents into one buffer (padded to the largest ``Nd`` and ``Ld``, the
+  padding masked) and one fused MaxSim call over all of them;
+* backward: one MaxSim backward over the gathered documents, then one reduce-scatter (sum) of
+  their gradient: each rank ends with the summed gradient of its own documents.
 
 This is the gradient that ``torch.distributed.nn.all_gather`` (what sentence-transformers' and
-PyLate's ``all_gather_with_gradients`` call) followed by scoring gives, with half of its
-communication (it reduce-scatters the whole gathered gradient, own block included; here a rank's own
-block never leaves it), so swapping one for the other changes no loss and no gradient.
+PyLate's ``all_gather_with_gradients`` call) followed by scoring gives, without its list of
+per-rank tensors, their concatenation and the copies its collectives make, so swapping one for the
+other changes no loss and no gradient.
 """
 
 from __future__ import annotations
@@ -118,12 +117,7 @@ def maxsim_across_ranks(
         layout = _uniform_layout(info, error, group)
     else:
         layout = _agree(info, error, D if isinstance(D, torch.Tensor) else None, group)
-    config = (layout, group, normalize, backward, backend)
-    if grad and (Q.requires_grad or D.requires_grad):
-        scores = _CrossRankMaxSim.apply(Q, D, q_mask, d_mask, config)
-    else:
-        with torch.no_grad():
-            scores = _forward(None, Q, D, q_mask, d_mask, config)
+    scores = _scores(Q, D, q_mask, d_mask, layout, group, normalize, backward, backend)
     return (scores, layout.offset) if return_offset else scores
 
 
@@ -259,133 +253,57 @@ def _padded(x: torch.Tensor, shape: tuple[int, ...], fill) -> torch.Tensor:
     return out
 
 
-def _others(x: torch.Tensor, layout: _Layout) -> torch.Tensor:
-    """The other ranks' blocks of a gathered ``(world * Nd_max, ...)`` tensor, in rank order."""
-    lo, hi = layout.rank * layout.nd_max, (layout.rank + 1) * layout.nd_max
-    if layout.rank == 0:
-        return x[hi:]
-    if layout.rank == layout.world - 1:
-        return x[:lo]
-    return torch.cat([x[:lo], x[hi:]])
-
-
-def _forward(state, Q, D, q_mask, d_mask, config) -> torch.Tensor:
-    """The scores; with ``state`` (a dict) also the leaves and outputs the backward needs."""
-    layout, group, normalize, backward, backend = config
-    nd_max, ld_max, dim = layout.nd_max, layout.ld_max, D.shape[-1]
-    send = _padded(D.detach(), (nd_max, ld_max, dim), 0)
-    gathered = D.new_empty((layout.world * nd_max, ld_max, dim))
-    works = [dist.all_gather_into_tensor(gathered, send, group=group, async_op=True)]
+def _scores(Q, D, q_mask, d_mask, layout: _Layout, group, normalize, backward, backend):
+    """One all-gather of the (padded) documents, then one MaxSim call over all of them, in the
+    caller's autograd graph: the step is short and launch-bound, so one scoring call and no
+    nested backward beat two calls overlapping the collective."""
+    nd_max, ld_max = layout.nd_max, layout.ld_max
+    if layout.d_grad and torch.is_grad_enabled():
+        gathered = _GatherDocuments.apply(D, Q, layout, group)
+    else:
+        gathered = _gather(D.detach(), layout, group)
     gathered_mask = None
     if layout.gather_mask:
         mask = d_mask if d_mask is not None else D.new_ones(D.shape[:2], dtype=torch.bool)
         mask = _padded(mask, (nd_max, ld_max), False)
         gathered_mask = mask.new_empty((layout.world * nd_max, ld_max))
-        works.append(dist.all_gather_into_tensor(gathered_mask, mask, group=group, async_op=True))
-
-    kwargs = dict(normalize=normalize, backward=backward, backend=backend)
-    need_q = state is not None and Q.requires_grad
-    need_d = state is not None and D.requires_grad
-    q_leaf = Q.detach().requires_grad_(need_q)
-    d_leaf = D.detach().requires_grad_(need_d)
-    with torch.enable_grad() if state is not None else torch.no_grad():
-        local = maxsim(q_leaf, d_leaf, q_mask, d_mask, **kwargs)  # overlaps the all-gather
-        for work in works:
-            work.wait()
-        remote_d = _others(gathered, layout).detach()
-        remote_d.requires_grad_(state is not None and layout.d_grad)
-        remote_mask = None if gathered_mask is None else _others(gathered_mask, layout)
-        remote = maxsim_unchecked(q_leaf, remote_d, q_mask, remote_mask, **kwargs)
-    if state is not None:
-        state.update(q_leaf=q_leaf, d_leaf=d_leaf, remote_d=remote_d, local=local, remote=remote)
-    pieces, slot = [], 0
-    for r, n in enumerate(layout.nd):
-        if r == layout.rank:
-            pieces.append(local)
-        else:
-            pieces.append(remote[:, slot * nd_max : slot * nd_max + n])
-            slot += 1
-    return torch.cat(pieces, dim=1)
-
-
-def _remote_grad(grad: torch.Tensor, layout: _Layout) -> torch.Tensor:
-    """The columns of the other ranks' documents, in the gathered layout (padding gets 0)."""
+        dist.all_gather_into_tensor(gathered_mask, mask, group=group)
+    scores = maxsim_unchecked(
+        Q, gathered, q_mask, gathered_mask, normalize=normalize, backward=backward,
+        backend=backend,
+    )  # fmt: skip
     if layout.even:
-        lo, hi = layout.offset, layout.offset + layout.nd_max
-        return torch.cat([grad[:, :lo], grad[:, hi:]], dim=1)
-    out = grad.new_zeros((grad.shape[0], layout.world - 1, layout.nd_max))
-    start, slot = 0, 0
-    for r, n in enumerate(layout.nd):
-        if r != layout.rank:
-            out[:, slot, :n] = grad[:, start : start + n]
-            slot += 1
-        start += n
-    return out.view(grad.shape[0], (layout.world - 1) * layout.nd_max)
+        return scores
+    columns = [r * nd_max + i for r, n in enumerate(layout.nd) for i in range(n)]
+    return scores[:, torch.tensor(columns, device=scores.device)]
 
 
-class _CrossRankMaxSim(torch.autograd.Function):
-    """One autograd node over the local tensors. The two blocks (local documents, gathered
-    documents) keep their own MaxSim graphs inside, so that the backward can order them around
-    the reduce-scatter: the other ranks' gradients first, sent while the local block runs."""
+def _gather(D: torch.Tensor, layout: _Layout, group) -> torch.Tensor:
+    """Every rank's documents, padded to ``(Nd_max, Ld_max)``, in rank order."""
+    send = _padded(D, (layout.nd_max, layout.ld_max, D.shape[-1]), 0)
+    gathered = D.new_empty((layout.world * layout.nd_max, layout.ld_max, D.shape[-1]))
+    dist.all_gather_into_tensor(gathered, send, group=group)
+    return gathered
+
+
+class _GatherDocuments(torch.autograd.Function):
+    """The all-gather of the documents; its backward reduce-scatters (sums) the gathered
+    documents' gradient, so each rank receives the gradient every rank's loss sends to its own
+    documents. ``Q`` is an input only so that this backward runs, and every rank joins the
+    reduce-scatter, whenever the queries' gradient is asked for, even on a rank whose documents
+    need none."""
 
     @staticmethod
-    def forward(ctx, Q, D, q_mask, d_mask, config):
-        state: dict = {}
-        scores = _forward(state, Q, D, q_mask, d_mask, config)
-        ctx.state, ctx.layout, ctx.group = state, config[0], config[1]
-        ctx.shapes = (tuple(D.shape), D.dtype)
-        return scores
+    def forward(ctx, D, Q, layout, group):
+        ctx.layout, ctx.group = layout, group
+        ctx.shape, ctx.dtype = tuple(D.shape), D.dtype
+        return _gather(D, layout, group)
 
     @staticmethod
     def backward(ctx, grad):
-        state, layout, group = ctx.state, ctx.layout, ctx.group
-        if state is None:
-            raise RuntimeError(
-                "maxsim_across_ranks: backward ran twice through the same scores; its graph is "
-                "freed after the first backward"
-            )
-        ctx.state = None
-        (nd, ld, dim), dtype = ctx.shapes
-        q_leaf, d_leaf, remote_d = state["q_leaf"], state["d_leaf"], state["remote_d"]
-        grad_q = None
-        work = None
-        if layout.d_grad or q_leaf.requires_grad:
-            inputs = [t for t in (q_leaf, remote_d) if t.requires_grad]
-            grads = torch.autograd.grad(
-                state["remote"], inputs, _remote_grad(grad, layout), allow_unused=True
-            )
-            found = dict(zip([id(t) for t in inputs], grads, strict=True))
-            grad_q = found.get(id(q_leaf))
-            if layout.d_grad:
-                g_remote = found.get(id(remote_d))
-                if g_remote is None:
-                    g_remote = torch.zeros_like(remote_d)
-                # this rank's own slot holds zeros: its local block's gradient never travels
-                cut = layout.rank * layout.nd_max
-                own = g_remote.new_zeros((layout.nd_max, layout.ld_max, dim))
-                send = torch.cat([g_remote[:cut], own, g_remote[cut:]])
-                received = torch.empty_like(own)
-                work = dist.reduce_scatter_tensor(received, send, group=group, async_op=True)
-        lo = layout.offset
-        local_grad = grad[:, lo : lo + nd]
-        inputs = [t for t in (q_leaf, d_leaf) if t.requires_grad]
-        grad_d = None
-        if inputs:
-            grads = torch.autograd.grad(state["local"], inputs, local_grad, allow_unused=True)
-            found = dict(zip([id(t) for t in inputs], grads, strict=True))
-            local_q = found.get(id(q_leaf))
-            if local_q is not None:
-                grad_q = local_q if grad_q is None else grad_q + local_q
-            grad_d = found.get(id(d_leaf))
-        if work is not None:
-            work.wait()
-            if d_leaf.requires_grad:
-                mine = received[:nd, :ld].to(dtype)
-                grad_d = mine if grad_d is None else grad_d + mine
-        if not ctx.needs_input_grad[0]:
-            grad_q = None
-        if not ctx.needs_input_grad[1]:
-            grad_d = None
-        elif grad_d is None:
-            grad_d = torch.zeros((nd, ld, dim), dtype=dtype, device=grad.device)
-        return grad_q, grad_d, None, None, None
+        layout = ctx.layout
+        nd, ld, dim = ctx.shape
+        mine = grad.new_empty((layout.nd_max, layout.ld_max, dim))
+        dist.reduce_scatter_tensor(mine, grad.contiguous(), group=ctx.group)
+        grad_d = mine[:nd, :ld].to(ctx.dtype) if ctx.needs_input_grad[0] else None
+        return grad_d, None, None, None

@@ -531,14 +531,11 @@ def _apply_update(
         )
         return replaced if stacked else replaced[0]
     if process_group is not None:
-        counts, sums, rows, work = _group_statistics(
+        counts, sums, rows = _group_statistics(
             x3, codes3, cand3, num_codes, bool(deterministic), chosen, process_group, compiling
         )
-        # queued while the collective runs: nothing here reads its buffer
         cand3 = torch.arange(num_codes, device=device).expand(levels, num_codes).contiguous()
         rows_per_level = num_codes
-        if work is not None:
-            work.wait()
         src = rows.to(sum3.dtype).view(levels * num_codes, dim)
     else:
         if compiling:
@@ -571,10 +568,9 @@ def _apply_update(
 
 def _group_statistics(x3, codes3, cand3, num_codes, deterministic, chosen, group, compiling):
     """Counts, sums and restart rows of every level in one flat buffer, summed over ``group`` by
-    a single all-reduce (started asynchronously outside tracing; the caller waits on the returned
-    work before it reads the buffer). Only group rank 0 writes its rows; the others add zeros, so
+    a single all-reduce. Only group rank 0 writes its rows; the others add zeros, so
     the sum hands every rank rank 0's rows bit for bit, as a broadcast would, without a second
-    collective. Returns ``(counts, sums, rows, work)``; ``work`` is None when the reduction is done.
+    collective. Returns ``(counts, sums, rows)``.
     """
     import torch.distributed as dist
 
@@ -597,8 +593,55 @@ def _group_statistics(x3, codes3, cand3, num_codes, deterministic, chosen, group
             sums.copy_(s)
     if dist.get_rank(group) == 0:
         rows.copy_(gather_replacement_rows(x3, cand3))
-    work = dist.all_reduce(flat, group=group, async_op=not compiling)
-    return counts, sums, rows, None if compiling else work
+    dist.all_reduce(flat, group=group)  # on NCCL a wait of this stream, not of the host
+    return counts, sums, rows
+
+
+def _grouped_plan(call: _Update, draw, decay: float, eps: float):
+    """The eager plan of an active-only update over a process group: two bound launches around
+    one all-reduce. The scatter adds this rank's counts and sums into one flat buffer, group rank
+    0 writes its restart rows into it (the others leave zeros: the sum is then a broadcast of
+    rank 0's rows), the all-reduce sums the buffer, and the epilogue reads everything from it.
+    Nothing is resolved per call beyond the group's rank."""
+    import torch.distributed as dist
+
+    from .kernels import grouped_update_launches
+
+    stacked, levels, batch, num_codes, dim, threshold, device, _ = call
+    scatter, epilogue = grouped_update_launches(
+        levels, batch, num_codes, dim, device, decay, eps, threshold
+    )
+    lk = levels * num_codes
+    # the layout of _group_statistics' buffer: a rank on that path (B = 0, say) joins the same
+    # all-reduce
+    size = lk * (2 * dim + 1)
+    level_start = torch.arange(levels, device=device)[:, None] * batch
+    slots = torch.arange(num_codes, device=device, dtype=torch.int32).expand(levels, -1)
+    slots = slots.contiguous()
+    lead = (lambda t: t) if stacked else (lambda t: t.unsqueeze(0))
+    shape = (levels, num_codes) if stacked else (num_codes,)
+
+    def grouped(x, codes, codebook, cluster_size, embed_sum, steps, candidates, generator, group):
+        cand = draw(codes, steps, candidates, generator)
+        x3 = lead(x)
+        flat = torch.zeros(size, device=device, dtype=torch.float32)
+        counts, sums = flat[:lk], flat[lk : lk * (dim + 1)]
+        scatter(x3, lead(codes), counts, sums)
+        rows = flat[lk * (dim + 1) :]
+        if threshold is not None and dist.get_rank(group) == 0:
+            index = (lead(cand).long().clamp(0, batch - 1) + level_start).view(-1)
+            rows.view(lk, dim).copy_(x3.reshape(levels * batch, dim).index_select(0, index))
+        # synchronous: on NCCL only this stream waits for the collective, while an async work's
+        # wait() measured as a host wait (the step lost its overlap of host and GPU)
+        dist.all_reduce(flat, group=group)
+        replaced = torch.empty(shape, dtype=torch.bool, device=device)
+        epilogue(
+            codebook, cluster_size, embed_sum, steps, counts, sums, cluster_size, rows, slots,
+            replaced,
+        )  # fmt: skip
+        return replaced
+
+    return grouped
 
 
 def _check_code_range(codes: torch.Tensor, num_codes: int) -> None:
@@ -647,7 +690,7 @@ def _plan_update(
             candidates, generator, deterministic, group, check_codes,
         )  # fmt: skip
 
-    if grouped or not fast:
+    if not fast:
         return general
 
     check = check_codes if check_codes is not None else device.type != "cuda"
@@ -662,6 +705,8 @@ def _plan_update(
             return torch.randint(0, batch, shape, generator=generator, device=device)
         return candidates  # clamped into [0, B) by the kernels
 
+    if grouped:
+        return _grouped_plan(call, draw, decay, eps)
     if small_update_fits(batch, num_codes, dim):
         launch = small_update_launch(levels, batch, num_codes, dim, device, decay, eps, threshold)
 

@@ -28,6 +28,8 @@ from triton_dispatch import device_facts, padded_dim
 from triton_dispatch.compile_ahead import wait_for
 from triton_dispatch.launch import KernelLaunch
 
+from .reference import reset_cluster_size
+
 # Rows × padded columns held by one scatter program: enough to hide latency, small enough for
 # registers.
 _SCATTER_TILE = 4096
@@ -536,6 +538,46 @@ def ema_epilogue(
         num_warps=4,
     )
     return replaced
+
+
+def grouped_update_launches(
+    levels: int,
+    batch: int,
+    num_codes: int,
+    dim: int,
+    device: torch.device,
+    decay: float,
+    eps: float,
+    threshold: float | None,
+) -> tuple[KernelLaunch, KernelLaunch]:
+    """The two bound launches of an active-only update whose statistics are summed over a process
+    group between them: the scatter (per call ``x, codes, counts, sums``) and the epilogue (per
+    call ``codebook, cluster_size, embed_sum, counter, counts, sums, total, src, candidates,
+    replaced``), with replacement rows read as ``src[l * K + candidates[l, k]]``."""
+    block_b, block_d = _scatter_blocks(dim)
+    scatter = KernelLaunch(
+        scatter_statistics_kernel,
+        (triton.cdiv(batch, block_b), levels),
+        dict(B=batch, D=dim, K=num_codes, SINGLE_TILE=dim <= block_d, BLOCK_B=block_b,
+             BLOCK_D=block_d),
+        device=device,
+        options={"num_warps": 4},
+    )  # fmt: skip
+    block_k, block_d = _epilogue_blocks(dim)
+    epilogue = KernelLaunch(
+        ema_epilogue_kernel,
+        (triton.cdiv(levels * num_codes, block_k),),
+        dict(
+            rows_per_level=num_codes, LK=levels * num_codes, K=num_codes, D=dim,
+            decay=float(decay), eps=float(eps),
+            threshold=float(threshold) if threshold is not None else 0.0,
+            reset_size=reset_cluster_size("active_only", threshold), DECAY_ALL=False,
+            HAS_THRESHOLD=threshold is not None, BLOCK_K=block_k, BLOCK_D=block_d,
+        ),
+        device=device,
+        options={"num_warps": 4},
+    )  # fmt: skip
+    return scatter, epilogue
 
 
 def _scatter_blocks(dim: int) -> tuple[int, int]:
