@@ -22,8 +22,9 @@ With ``gather_across_devices=True`` in a process group of several ranks and
 ``CachedContrastive.calculate_loss`` (PyLate gathers the documents with
 ``all_gather_with_gradients`` there and scores the gathered batch) score through
 :func:`~late_interaction_kernels.maxsim_across_ranks` instead: the same loss and gradients. The
-route is opt-in because on two H100s at PyLate's shape it was measured slower than PyLate's own
-gather followed by the patched (fused) scoring, which is what runs by default. Both score all
+route is opt-in: at PyLate's shape on two GPUs it measures level with PyLate's own gather followed
+by the patched (fused) scoring, which is what runs by default (PyLate pads each rank's documents to
+its own longest, so the call takes the size exchange that ``uniform=True`` would skip). Both score all
 queries in one call (``score_mini_batch_size`` only bounds the einsum intermediates the fused
 kernels never build). Custom ``score_metric`` objects keep PyLate's code.
 """
