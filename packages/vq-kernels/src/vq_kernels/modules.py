@@ -13,7 +13,8 @@ from torch import nn
 
 from ._state_checks import check_quantizer_state
 from .ops._validation import require_integer, require_tensor
-from .ops.ema_update import _DEFAULT, DEFAULT_THRESHOLDS, SEMANTICS, ema_statistics, ema_update_
+from .ops.ema_update import DEFAULT_THRESHOLDS, SEMANTICS, ema_statistics, ema_update_
+from .ops.ema_update.validation import DEFAULT_FOR_SEMANTICS
 from .ops.quantize import METRICS, quantize
 from .ops.residual_quantize import residual_quantize
 
@@ -101,7 +102,7 @@ class ResidualVQ(nn.Module):
         eps: float = 1e-5,
         commitment_weight: float = 0.25,
         semantics: str = "active_only",
-        dead_threshold: float | None = _DEFAULT,  # type: ignore[assignment]
+        dead_threshold: float | None = DEFAULT_FOR_SEMANTICS,  # type: ignore[assignment]
         metric: str = "l2",
         kmeans_init: bool = False,
         kmeans_iters: int = 10,
@@ -121,14 +122,20 @@ class ResidualVQ(nn.Module):
             raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
         if metric not in METRICS:
             raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
-        if dead_threshold is not _DEFAULT and dead_threshold is not None and not dead_threshold > 0:
+        if (
+            dead_threshold is not DEFAULT_FOR_SEMANTICS
+            and dead_threshold is not None
+            and not dead_threshold > 0
+        ):
             raise ValueError(f"dead_threshold must be > 0 or None, got {dead_threshold}")
         self.dim, self.codebook_size, self.num_levels = dim, codebook_size, num_levels
         self.ema, self.decay, self.eps = ema, decay, eps
         self.commitment_weight = commitment_weight
         self.semantics = semantics
         self.dead_threshold = (
-            DEFAULT_THRESHOLDS[semantics] if dead_threshold is _DEFAULT else dead_threshold
+            DEFAULT_THRESHOLDS[semantics]
+            if dead_threshold is DEFAULT_FOR_SEMANTICS
+            else dead_threshold
         )
         self.metric, self.kmeans_init, self.kmeans_iters = metric, kmeans_init, kmeans_iters
         self.deterministic, self.process_group, self.backend = deterministic, process_group, backend
