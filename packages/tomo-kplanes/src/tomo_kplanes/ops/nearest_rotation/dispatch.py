@@ -1,14 +1,10 @@
-"""``nearest_rotation``: validation, the backend choice and the plan cache of eager calls."""
+"""``nearest_rotation``: the public function over the declared op."""
 
 from __future__ import annotations
 
 import torch
 
-from triton_dispatch import common_device, select_backend, uses_triton
-from triton_dispatch.launch import PlanCache, call_key
-
-from .op import EagerRotation
-from .reference import nearest_rotation_reference
+from .op import NEAREST_ROTATION
 
 
 def nearest_rotation(matrices: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
@@ -26,41 +22,8 @@ def nearest_rotation(matrices: torch.Tensor, *, backend: str | None = None) -> t
         TypeError: not a float32/float64 tensor.
         ValueError: the last two dimensions are not ``(3, 3)``.
     """
-    if not torch.compiler.is_compiling() and isinstance(matrices, torch.Tensor):
-        key = call_key((matrices,), matrices.stride(), backend, torch.is_grad_enabled())
-        if key is not None:
-            return _PLANS.get(key, lambda: _plan(matrices, backend))(matrices)
-    chosen = _check(matrices, backend)
-    flat = matrices.reshape(-1, 3, 3)
-    if not uses_triton(chosen):
-        return nearest_rotation_reference(flat).reshape(matrices.shape)
-    rot, _sym = torch.ops.tomo_kplanes.nearest_rotation(flat)
-    return rot.reshape(matrices.shape)
-
-
-_PLANS: PlanCache = PlanCache("tomo_kplanes.nearest_rotation")
-
-
-def _check(matrices, backend) -> str:
     if not isinstance(matrices, torch.Tensor):
         raise TypeError(f"matrices must be a torch.Tensor, got {type(matrices).__name__}")
-    if matrices.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"matrices must be float32 or float64, got {matrices.dtype}")
     if matrices.dim() < 2 or matrices.shape[-2:] != (3, 3):
         raise ValueError(f"matrices must have shape (..., 3, 3), got {tuple(matrices.shape)}")
-    return select_backend(device=common_device((matrices,), names=("matrices",)), backend=backend)
-
-
-def _plan(matrices: torch.Tensor, backend):
-    chosen = _check(matrices, backend)
-    shape = matrices.shape
-    if not uses_triton(chosen):
-        return lambda m: nearest_rotation_reference(m.reshape(-1, 3, 3)).reshape(shape)
-    from .kernel import rotation_plan
-
-    kernels = rotation_plan(matrices.reshape(-1, 3, 3))
-
-    def run(m):
-        return EagerRotation.apply(m.reshape(-1, 3, 3), kernels).reshape(shape)
-
-    return run
+    return NEAREST_ROTATION(matrices.reshape(-1, 3, 3), backend=backend).reshape(matrices.shape)

@@ -292,15 +292,3 @@ def rotation_plan(matrices: torch.Tensor) -> RotationPlan:
         return plan
 
     return _PLANS.get(meta, build)
-
-
-def nearest_rotation_triton(matrices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(R, Hs)`` for ``(T, 3, 3)`` matrices (validated by the caller)."""
-    return rotation_plan(matrices).forward(matrices)
-
-
-def nearest_rotation_backward_triton(
-    grad: torch.Tensor, rot: torch.Tensor, sym: torch.Tensor
-) -> torch.Tensor:
-    plan = rotation_plan(rot)
-    return plan.backward(grad.contiguous(), rot.contiguous(), sym.contiguous())
