@@ -1,25 +1,27 @@
 """One op, one declaration: the routes to an op's kernels derived from a single description.
 
 An op is declared once with :class:`OpDeclaration`: its tensor arguments (:class:`TensorSpec`:
-name, dtypes, expected shape), its outputs and which of them the caller gets, what its backward
-saves, its reference, its plan, and the fake implementations of its forward and backward. From that
-the declaration builds
+name, dtypes, expected shape, optional or not), its settings (:class:`SettingSpec`: flags,
+numbers, names of methods), its outputs and which of them the caller gets, what its backward
+saves, its reference, its plan, and the fake implementations of its forward and backward. From
+that the declaration builds
 
 * the validation of a call (``TypeError``/``ValueError`` naming the argument and the expected
-  shape or dtype, one device for every tensor) and the backend choice;
-* the plan cache of eager calls: a repeat call with the same metadata binds its tensors and
-  launches, through one ``torch.autograd.Function`` when a gradient will be asked for;
+  shape, dtype or value; one device for every tensor) and the backend choice;
+* the plan cache of eager calls: a repeat call with the same metadata and settings binds its
+  tensors and launches, through one ``torch.autograd.Function`` when a gradient will be asked for;
 * the custom ops ``ns::name`` and ``ns::name_backward`` with their fakes and the autograd formula
   joining them, which ``torch.compile`` traces into (and CUDA graphs capture) without a break;
 * the reference route (``backend="torch"``, CPU and MPS tensors);
 * the bad-input kit's description of the arguments (:meth:`OpDeclaration.tensor_args`).
 
-A plan is any object with ``forward(*inputs) -> tuple`` of every declared output and, for a
-differentiable op, ``backward(*grads, *saved) -> tuple`` of the gradients of the differentiable
-inputs (``grads``: one per returned output, ``None`` for those that got none; ``saved``: the
-declared tensors, contiguous). ``plan(call)`` builds it once per kind of call from a validated
-:class:`Call`: the config choice, the grid and the bound launches belong there. Arguments travel
-by name in the call and in declaration order to the plan; nothing reads a tuple by position.
+A plan is any object with ``forward(*inputs) -> outputs`` (a tensor, or a tuple of every declared
+output) and, for a differentiable op, ``backward(*grads, *saved) -> input grads`` (``grads``: one
+per returned output, ``None`` for those that got none; ``saved``: the declared tensors,
+contiguous; the result: one gradient per differentiable input, in order). ``plan(call)`` builds it
+once per kind of call from a validated :class:`Call` (tensors and settings by name): the config
+choice, the grid and the bound launches belong there. Settings reach the plan through the call,
+never as positions in a tuple.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ import torch
 from .backend import common_device, select_backend, uses_triton
 from .launch import PlanCache, call_key
 
-__all__ = ["Call", "OpDeclaration", "TensorSpec"]
+__all__ = ["Call", "OpDeclaration", "SettingSpec", "TensorSpec"]
+
+_SCHEMA_TYPES = {bool: "bool", int: "int", float: "float", str: "str"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class TensorSpec:
         fits: ``fits(shape) -> bool``: whether a shape is one the op takes (default: any).
         contiguous: whether the kernels need it contiguous (a strided view is refused, not
             copied behind the caller's back).
+        optional: whether ``None`` may stand in for it.
         differentiable: whether the backward returns a gradient for it.
     """
 
@@ -55,9 +60,12 @@ class TensorSpec:
     shape: str
     fits: Callable[[torch.Size], bool] | None = None
     contiguous: bool = False
+    optional: bool = False
     differentiable: bool = True
 
     def check(self, value: Any) -> None:
+        if value is None and self.optional:
+            return
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{self.name} must be a torch.Tensor, got {type(value).__name__}")
         if value.dtype not in self.dtypes:
@@ -71,17 +79,62 @@ class TensorSpec:
                 f"{tuple(value.shape)} (call .contiguous() first)"
             )
 
+    @property
+    def schema(self) -> str:
+        return f"Tensor{'?' if self.optional else ''} {self.name}"
+
+
+@dataclass(frozen=True)
+class SettingSpec:
+    """One setting: a keyword argument that is not a tensor, fixed per plan.
+
+    Attributes:
+        name: the keyword.
+        kind: ``bool``, ``int``, ``float`` or ``str``.
+        default: its value when the caller leaves it out.
+        choices: the values it may take (default: any of ``kind``).
+        valid: ``valid(value) -> bool`` for numbers with a range; ``expected`` says it in words.
+        expected: what a valid value is, for the error (e.g. ``"a number in [0, 1]"``).
+    """
+
+    name: str
+    kind: type
+    default: Any
+    choices: tuple | None = None
+    valid: Callable[[Any], bool] | None = None
+    expected: str = ""
+
+    def check(self, value: Any) -> Any:
+        """The value as the op uses it (ints accepted for floats), or a clear error."""
+        kind = self.kind
+        if kind is float and type(value) is int:
+            value = float(value)
+        if type(value) is not kind:
+            raise TypeError(f"{self.name} must be a {kind.__name__}, got {type(value).__name__}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"{self.name} must be one of {self.choices}, got {value!r}")
+        if self.valid is not None and not self.valid(value):
+            raise ValueError(f"{self.name} must be {self.expected or 'valid'}, got {value!r}")
+        return value
+
+    @property
+    def schema(self) -> str:
+        return f"{_SCHEMA_TYPES[self.kind]} {self.name}"
+
 
 @dataclass(frozen=True)
 class Call:
-    """A validated call: its tensors by name, their device and the backend that runs it."""
+    """A validated call: its tensors and settings by name, their device and the backend."""
 
-    tensors: Mapping[str, torch.Tensor]
+    tensors: Mapping[str, torch.Tensor | None]
+    settings: Mapping[str, Any]
     device: torch.device
     backend: str
 
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self.tensors[name]
+    def __getitem__(self, name: str) -> Any:
+        if name in self.tensors:
+            return self.tensors[name]
+        return self.settings[name]
 
 
 class OpDeclaration:
@@ -94,14 +147,19 @@ class OpDeclaration:
         outputs: the names of everything the plan's forward returns, in order.
         returns: the outputs the caller gets (the others are internal, e.g. saved for the
             backward); one name returns a tensor, several a tuple.
-        reference: ``reference(*inputs)`` in plain PyTorch, returning what the caller gets.
+        reference: ``reference(*inputs, **settings)`` in plain PyTorch, returning what the caller
+            gets.
         plan: ``plan(call) -> plan object`` for the Triton backends.
-        fake: ``fake(*inputs) -> tuple`` of empty outputs of the right shapes and dtypes.
+        fake: ``fake(*inputs, **settings)``: empty outputs of the right shapes and dtypes.
+        settings: the keyword settings, each part of the plan's key.
+        check: ``check(call)`` raising ``ValueError``/``TypeError`` for what the specs of single
+            arguments cannot say (sizes that must agree between arguments, a setting bounded by
+            a size); runs after them, before the backend is used.
         saved: the inputs and outputs the backward needs, by name (no backward if empty).
-        backward_fake: ``backward_fake(*grads, *saved) -> tuple`` of empty input gradients.
-        backward_plan: ``backward_plan(saved) -> plan`` from the saved tensors by name, for the
-            backward op traced on its own (default: ``plan`` of the saved inputs, which must then
-            include every input).
+        backward_fake: ``backward_fake(*grads, *saved, **settings)``: empty input gradients.
+        backward_plan: ``backward_plan(named) -> plan`` from the saved tensors and the settings
+            by name, for the backward op traced on its own (default: ``plan`` of the saved
+            inputs, which must then include every input).
     """
 
     def __init__(
@@ -113,55 +171,76 @@ class OpDeclaration:
         returns: Sequence[str],
         reference: Callable[..., Any],
         plan: Callable[[Call], Any],
-        fake: Callable[..., tuple[torch.Tensor, ...]],
+        fake: Callable[..., Any],
+        settings: Sequence[SettingSpec] = (),
+        check: Callable[[Call], None] | None = None,
         saved: Sequence[str] = (),
-        backward_fake: Callable[..., tuple[torch.Tensor, ...]] | None = None,
-        backward_plan: Callable[[Mapping[str, torch.Tensor]], Any] | None = None,
+        backward_fake: Callable[..., Any] | None = None,
+        backward_plan: Callable[[Mapping[str, Any]], Any] | None = None,
     ) -> None:
         self.qualname = qualname
         self.inputs = tuple(inputs)
+        self.settings = tuple(settings)
         self.outputs = tuple(outputs)
         self.returns = tuple(returns)
         self.saved = tuple(saved)
         self.reference = reference
         self.plan = plan
+        self.check = check
         self.backward_plan = backward_plan
-        names = [s.name for s in self.inputs]
-        unknown = (set(self.returns) | set(self.saved)) - set(names) - set(self.outputs)
+        self._names = tuple(s.name for s in self.inputs)
+        unknown = (set(self.returns) | set(self.saved)) - set(self._names) - set(self.outputs)
         if unknown or not set(self.returns) <= set(self.outputs):
             raise ValueError(f"{qualname}: returns/saved name unknown tensors {sorted(unknown)}")
+        if self.saved and backward_fake is None:
+            raise ValueError(f"{qualname}: an op with a backward needs backward_fake")
         self._returned = tuple(self.outputs.index(n) for n in self.returns)
         self._differentiable = tuple(i for i, s in enumerate(self.inputs) if s.differentiable)
+        self._defaults = {s.name: s.default for s in self.settings}
         self._plans: PlanCache = PlanCache(qualname)
         self._kernel_plans: PlanCache = PlanCache(f"{qualname} kernels")
         self.op = self._register(fake, backward_fake)
 
     # the call
-    def __call__(self, *tensors: torch.Tensor, backend: str | None = None) -> Any:
+    def __call__(self, *tensors: Any, backend: str | None = None, **settings: Any) -> Any:
         if len(tensors) != len(self.inputs):
             raise TypeError(
                 f"{self.qualname} takes {len(self.inputs)} tensors "
-                f"({', '.join(s.name for s in self.inputs)}), got {len(tensors)}"
+                f"({', '.join(self._names)}), got {len(tensors)}"
             )
         if torch.compiler.is_compiling():
-            call = self.validate(tensors, backend)
+            call = self.validate(tensors, backend, settings)
             if not uses_triton(call.backend):
-                return self.reference(*tensors)
-            outputs = self.op(*tensors)
-            return self._pick(outputs if isinstance(outputs, tuple) else (outputs,))
-        key = call_key(tensors, backend, torch.is_grad_enabled(), _strides(tensors))
-        if key is None:  # not a tensor where one goes: the validating path names it
-            self.validate(tensors, backend)
-        return self._plans.get(key, lambda: self._route(tensors, backend))(*tensors)
+                return self.reference(*tensors, **call.settings)
+            return self._pick(_as_tuple(self.op(*tensors, **call.settings)))
+        given = tuple(settings.get(n, d) for n, d in self._defaults.items())
+        key = None
+        if len(settings) <= len(given):
+            key = call_key(tensors, backend, torch.is_grad_enabled(), _strides(tensors), given)
+        if key is None:  # not a tensor where one goes, an unhashable setting: the checks name it
+            self.validate(tensors, backend, settings)
+        return self._plans.get(key, lambda: self._route(tensors, backend, settings))(*tensors)
 
-    def validate(self, tensors: Sequence[Any], backend: str | None = None) -> Call:
+    def validate(
+        self,
+        tensors: Sequence[Any],
+        backend: str | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> Call:
         """Check every argument against its spec and choose the backend."""
+        settings = dict(settings or {})
+        unknown = set(settings) - set(self._defaults)
+        if unknown:
+            raise TypeError(f"{self.qualname} got unexpected settings {sorted(unknown)}")
         for spec, value in zip(self.inputs, tensors, strict=True):
             spec.check(value)
-        names = [s.name for s in self.inputs]
-        device = common_device(tensors, names=names)
+        values = {s.name: s.check(settings.get(s.name, s.default)) for s in self.settings}
+        device = common_device(tensors, names=self._names)
         chosen = select_backend(device=device, backend=backend)
-        return Call(dict(zip(names, tensors, strict=True)), device, chosen)
+        call = Call(dict(zip(self._names, tensors, strict=True)), values, device, chosen)
+        if self.check is not None:
+            self.check(call)
+        return call
 
     def tensor_args(self) -> list:
         """The bad-input kit's description of the arguments (:mod:`triton_dispatch.bad_inputs`)."""
@@ -169,13 +248,15 @@ class OpDeclaration:
 
         return [TensorArg(s.name, dtypes=s.dtypes) for s in self.inputs]
 
-    def _route(self, tensors, backend) -> Callable[..., Any]:
-        call = self.validate(tensors, backend)
+    def _route(self, tensors, backend, settings) -> Callable[..., Any]:
+        call = self.validate(tensors, backend, settings)
         if not uses_triton(call.backend):
-            return self.reference
-        plan = self._kernel_plans.get(_meta_key(tensors), lambda: self.plan(call))
-        grads = self.saved and torch.is_grad_enabled()
-        if grads and any(tensors[i].requires_grad for i in self._differentiable):
+            values = call.settings
+            return lambda *ts: self.reference(*ts, **values)
+        key = (_meta_key(tensors), tuple(call.settings.values()))
+        plan = self._kernel_plans.get(key, lambda: self.plan(call))
+        wants_grad = bool(self.saved) and torch.is_grad_enabled()
+        if wants_grad and any(_requires_grad(tensors[i]) for i in self._differentiable):
             return lambda *ts: self._pick(_EagerNode.apply(self, plan, *ts))
         return lambda *ts: self._pick(_as_tuple(plan.forward(*ts)))
 
@@ -184,30 +265,28 @@ class OpDeclaration:
             return outputs[self._returned[0]]
         return tuple(outputs[i] for i in self._returned)
 
-    def _kernel_plan(self, tensors) -> Any:
-        return self._kernel_plans.get(_meta_key(tensors), lambda: self.plan(self.validate(tensors)))
-
-    def _saved_of(self, inputs, outputs) -> list[torch.Tensor]:
-        named = dict(zip([s.name for s in self.inputs], inputs))
+    def _saved_of(self, inputs, outputs) -> list[torch.Tensor | None]:
+        named = dict(zip(self._names, inputs))
         named.update(zip(self.outputs, outputs))
         return [named[n] for n in self.saved]
 
-    def _backward(self, plan, grads, saved) -> tuple:
-        """Gradients of every input (``None`` for the non-differentiable ones)."""
-        returned = [None if g is None else g.contiguous() for g in grads]
-        computed = _as_tuple(plan.backward(*returned, *(t.contiguous() for t in saved)))
+    def _input_grads(self, computed, needed: Sequence[bool]) -> tuple:
+        """The plan's gradients (one per differentiable input) as one per input, ``None`` where
+        autograd needs none (an input that is ``None`` or does not require grad)."""
         out: list[Any] = [None] * len(self.inputs)
-        for i, g in zip(self._differentiable, computed, strict=True):
-            out[i] = g
+        for i, g in zip(self._differentiable, _as_tuple(computed), strict=True):
+            out[i] = g if needed[i] else None
         return tuple(out)
 
     # the custom ops
     def _register(self, fake, backward_fake):
-        schema_in = ", ".join(f"Tensor {s.name}" for s in self.inputs)
         decl = self
+        names = self._names
+        kwargs = f", *, {', '.join(s.schema for s in self.settings)}" if self.settings else ""
+        schema_in = ", ".join(s.schema for s in self.inputs) + kwargs
 
-        def forward_impl(*tensors):
-            return _as_returned(decl._kernel_plan(tensors).forward(*tensors))
+        def forward_impl(*tensors, **settings):
+            return _as_returned(decl._kernel_plan(tensors, settings).forward(*tensors))
 
         op = torch.library.custom_op(
             self.qualname,
@@ -215,68 +294,84 @@ class OpDeclaration:
             mutates_args=(),
             schema=f"({schema_in}) -> {_returns_schema(len(self.outputs))}",
         )
-        op.register_fake(lambda *tensors: _as_returned(fake(*tensors)))
+        op.register_fake(lambda *tensors, **settings: _as_returned(fake(*tensors, **settings)))
         if not self.saved:
             return op
+
+        optional = {s.name for s in self.inputs if s.optional}
         grads_in = [f"Tensor? grad_{n}" for n in self.returns]
-        saved_in = [f"Tensor {n}" for n in self.saved]
+        saved_in = [f"Tensor{'?' if n in optional else ''} {n}" for n in self.saved]
         backward_schema = (
-            f"({', '.join(grads_in + saved_in)}) -> {_returns_schema(len(self._differentiable))}"
+            f"({', '.join(grads_in + saved_in)}{kwargs}) -> "
+            f"{_returns_schema(len(self._differentiable))}"
         )
         n_grads = len(self.returns)
 
-        def backward_impl(*args):
+        def backward_impl(*args, **settings):
             grads, saved = args[:n_grads], args[n_grads:]
-            return _as_returned(decl._kernel_plan_for_saved(saved).backward(*grads, *saved))
+            plan = decl._kernel_plan_for_saved(saved, settings)
+            return _as_returned(plan.backward(*grads, *saved))
 
         backward_op = torch.library.custom_op(
             f"{self.qualname}_backward", backward_impl, mutates_args=(), schema=backward_schema
         )
-        backward_op.register_fake(lambda *args: _as_returned(backward_fake(*args)))
+        backward_op.register_fake(
+            lambda *args, **settings: _as_returned(backward_fake(*args, **settings))
+        )
 
-        def setup_context(ctx, inputs, output) -> None:
-            output = output if isinstance(output, tuple) else (output,)
-            hidden = [output[i] for i in range(len(self.outputs)) if i not in self._returned]
+        def setup_context(ctx, inputs, output, keyword_only_inputs=None) -> None:
+            outputs = _as_tuple(output)
+            hidden = [outputs[i] for i in range(len(outputs)) if i not in decl._returned]
             ctx.mark_non_differentiable(*hidden)
             ctx.set_materialize_grads(False)
-            ctx.save_for_backward(*self._saved_of(inputs, output))
+            ctx.save_for_backward(*decl._saved_of(inputs[: len(names)], outputs))
+            ctx.settings = dict(keyword_only_inputs or {})
 
         def backward(ctx, *grads):
-            wanted = [grads[i] for i in self._returned]
+            wanted = [grads[i] for i in decl._returned]
             if all(g is None for g in wanted):
-                return (None,) * len(self.inputs)
-            saved = [t.contiguous() for t in ctx.saved_tensors]
+                return (None,) * len(names)
+            saved = [None if t is None else t.contiguous() for t in ctx.saved_tensors]
             wanted = [None if g is None else g.contiguous() for g in wanted]
-            computed = backward_op(*wanted, *saved)
-            computed = computed if isinstance(computed, tuple) else (computed,)
-            out: list[Any] = [None] * len(self.inputs)
-            for i, g in zip(self._differentiable, computed, strict=True):
-                out[i] = g
-            return tuple(out)
+            computed = backward_op(*wanted, *saved, **ctx.settings)
+            return decl._input_grads(computed, ctx.needs_input_grad)
 
         op.register_autograd(backward, setup_context=setup_context)
         return op
 
-    def _kernel_plan_for_saved(self, saved) -> Any:
-        """The plan of a backward op call, by the saved tensors' metadata."""
+    def _kernel_plan(self, tensors, settings) -> Any:
+        call = None
 
         def build():
-            named = dict(zip(self.saved, saved, strict=True))
+            return self.plan(call or self.validate(tensors, None, settings))
+
+        return self._kernel_plans.get((_meta_key(tensors), tuple(settings.values())), build)
+
+    def _kernel_plan_for_saved(self, saved, settings) -> Any:
+        """The plan of a backward op call, by the saved tensors' metadata and the settings."""
+
+        def build():
+            named = {**settings, **dict(zip(self.saved, saved, strict=True))}
             if self.backward_plan is not None:
                 return self.backward_plan(named)
             inputs = [named.get(s.name) for s in self.inputs]
-            if any(t is None for t in inputs):
+            if any(t is None for s, t in zip(self.inputs, inputs) if not s.optional):
                 raise RuntimeError(
                     f"{self.qualname}: declare backward_plan, or save every input, so that the "
                     "backward op can build its plan"
                 )
-            return self.plan(self.validate(inputs))
+            return self.plan(self.validate(inputs, None, settings))
 
-        return self._kernel_plans.get(("backward", _meta_key(saved)), build)
+        key = ("backward", _meta_key(saved), tuple(settings.values()))
+        return self._kernel_plans.get(key, build)
 
 
 def _returns_schema(n: int) -> str:
     return "Tensor" if n == 1 else f"({', '.join(['Tensor'] * n)})"
+
+
+def _as_tuple(values) -> tuple:
+    return (values,) if isinstance(values, torch.Tensor) else tuple(values)
 
 
 def _as_returned(values) -> Any:
@@ -285,20 +380,20 @@ def _as_returned(values) -> Any:
     return values[0] if len(values) == 1 else values
 
 
-def _as_tuple(values) -> tuple:
-    return (values,) if isinstance(values, torch.Tensor) else tuple(values)
+def _requires_grad(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.requires_grad
 
 
 def _strides(tensors) -> tuple | None:
-    """The strides a plan binds (``None`` when an argument is not a tensor)."""
+    """The strides a plan binds (``None`` when an argument is not a tensor or ``None``)."""
     try:
-        return tuple(t.stride() for t in tensors)
+        return tuple(None if t is None else t.stride() for t in tensors)
     except AttributeError:
         return None
 
 
 def _meta_key(tensors) -> tuple:
-    return tuple((t.dtype, t.device, t.shape, t.stride()) for t in tensors)
+    return tuple(None if t is None else (t.dtype, t.device, t.shape, t.stride()) for t in tensors)
 
 
 class _EagerNode(torch.autograd.Function):
@@ -321,4 +416,7 @@ class _EagerNode(torch.autograd.Function):
         wanted = [grads[i] for i in decl._returned]
         if all(g is None for g in wanted):
             return (None, None, *(None,) * len(decl.inputs))
-        return (None, None, *decl._backward(ctx.plan, wanted, ctx.saved_tensors))
+        saved = [None if t is None else t.contiguous() for t in ctx.saved_tensors]
+        wanted = [None if g is None else g.contiguous() for g in wanted]
+        computed = ctx.plan.backward(*wanted, *saved)
+        return (None, None, *decl._input_grads(computed, ctx.needs_input_grad[2:]))
