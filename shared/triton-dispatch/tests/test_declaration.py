@@ -105,7 +105,12 @@ EXP = OpDeclaration(
     returns=("y",),
     saved=("y",),
     reference=_reference,
-    plan=lambda call: _ExpPlan(call["x"].numel(), call["scale"], call["shift"] is not None),
+    # a plan may decline a call: here the reference runs scales above 10
+    plan=lambda call: (
+        None
+        if call["scale"] > 10
+        else _ExpPlan(call["x"].numel(), call["scale"], call["shift"] is not None)
+    ),
     fake=lambda x, shift, *, scale: (torch.empty_like(x), torch.empty_like(x)),
     backward_fake=lambda grad, y, *, scale: (torch.empty_like(y), torch.empty_like(y)),
     backward_plan=lambda named: _ExpPlan(named["y"].numel(), named["scale"], True),
@@ -171,6 +176,16 @@ def test_custom_op_route_matches_eager():
     assert not twice.requires_grad  # internal outputs carry no gradient
     (got,) = torch.autograd.grad(y.sum(), x)
     assert_close(got, 2 * torch.exp(2 * x.detach().double()))
+
+
+def test_a_declined_call_runs_the_reference():
+    before = _ExpPlan.builds
+    x = _x(grad=True)
+    y = EXP(x, None, scale=11.0)
+    assert _ExpPlan.builds == before
+    assert_close(y, torch.exp(11 * x.detach().double()))
+    (got,) = torch.autograd.grad(y.sum(), x)  # the reference's own autograd
+    assert_close(got, 11 * torch.exp(11 * x.detach().double()))
 
 
 def test_reference_backend_runs_the_reference():

@@ -149,7 +149,8 @@ class OpDeclaration:
             backward); one name returns a tensor, several a tuple.
         reference: ``reference(*inputs, **settings)`` in plain PyTorch, returning what the caller
             gets.
-        plan: ``plan(call) -> plan object`` for the Triton backends.
+        plan: ``plan(call) -> plan object`` for the Triton backends, or ``None`` for a call the
+            kernels do not cover (the reference then runs it).
         fake: ``fake(*inputs, **settings)``: empty outputs of the right shapes and dtypes.
         settings: the keyword settings, each part of the plan's key.
         check: ``check(call)`` raising ``ValueError``/``TypeError`` for what the specs of single
@@ -254,7 +255,10 @@ class OpDeclaration:
             values = call.settings
             return lambda *ts: self.reference(*ts, **values)
         key = (_meta_key(tensors), tuple(call.settings.values()))
-        plan = self._kernel_plans.get(key, lambda: self.plan(call))
+        plan = self._kernel_plans.get(key, lambda: self.plan(call) or _REFERENCE)
+        if plan is _REFERENCE:
+            values = call.settings
+            return lambda *ts: self.reference(*ts, **values)
         wants_grad = bool(self.saved) and torch.is_grad_enabled()
         if wants_grad and any(_requires_grad(tensors[i]) for i in self._differentiable):
             return lambda *ts: self._pick(_EagerNode.apply(self, plan, *ts))
@@ -286,7 +290,16 @@ class OpDeclaration:
         schema_in = ", ".join(s.schema for s in self.inputs) + kwargs
 
         def forward_impl(*tensors, **settings):
-            return _as_returned(decl._kernel_plan(tensors, settings).forward(*tensors))
+            plan = decl._kernel_plan(tensors, settings)
+            if plan is _REFERENCE:  # a call the kernels do not cover (the plan said so)
+                result = _as_tuple(decl.reference(*tensors, **settings))
+                if len(result) != len(decl.outputs):
+                    raise RuntimeError(
+                        f"{decl.qualname}: the reference returns the caller's outputs only, so "
+                        "a plan of an op with internal outputs may not decline a call"
+                    )
+                return _as_returned(result)
+            return _as_returned(plan.forward(*tensors))
 
         op = torch.library.custom_op(
             self.qualname,
@@ -310,6 +323,11 @@ class OpDeclaration:
         def backward_impl(*args, **settings):
             grads, saved = args[:n_grads], args[n_grads:]
             plan = decl._kernel_plan_for_saved(saved, settings)
+            if plan is _REFERENCE:
+                raise RuntimeError(
+                    f"{decl.qualname}: the plan declined this call, so under torch.compile its "
+                    "backward has no kernels; call the op eagerly or with backend='torch'"
+                )
             return _as_returned(plan.backward(*grads, *saved))
 
         backward_op = torch.library.custom_op(
@@ -340,10 +358,8 @@ class OpDeclaration:
         return op
 
     def _kernel_plan(self, tensors, settings) -> Any:
-        call = None
-
         def build():
-            return self.plan(call or self.validate(tensors, None, settings))
+            return self.plan(self.validate(tensors, None, settings)) or _REFERENCE
 
         return self._kernel_plans.get((_meta_key(tensors), tuple(settings.values())), build)
 
@@ -353,17 +369,22 @@ class OpDeclaration:
         def build():
             named = {**settings, **dict(zip(self.saved, saved, strict=True))}
             if self.backward_plan is not None:
-                return self.backward_plan(named)
+                return self.backward_plan(named) or _REFERENCE
             inputs = [named.get(s.name) for s in self.inputs]
             if any(t is None for s, t in zip(self.inputs, inputs) if not s.optional):
                 raise RuntimeError(
                     f"{self.qualname}: declare backward_plan, or save every input, so that the "
                     "backward op can build its plan"
                 )
-            return self.plan(self.validate(inputs, None, settings))
+            return self.plan(self.validate(inputs, None, settings)) or _REFERENCE
 
         key = ("backward", _meta_key(saved), tuple(settings.values()))
         return self._kernel_plans.get(key, build)
+
+
+#: What a plan cache holds for a call whose ``plan(call)`` returned ``None``: the kernels do not
+#: cover it (an empty input, a size past the kernels' index range), so the reference runs it.
+_REFERENCE = object()
 
 
 def _returns_schema(n: int) -> str:
