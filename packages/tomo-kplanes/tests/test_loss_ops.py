@@ -115,7 +115,8 @@ def test_ray_loss_custom_op_registrations_pass_opcheck(rng, device):
     densities, points, steps, target, ptv = _ray_inputs(rng, 3, 4, 5, device=device)
     torch.library.opcheck(
         torch.ops.tomo_kplanes.ray_loss.default,
-        (densities, points, steps, target, ptv, [0.125, 0.3, 0.02, 0.1], [True, True]),
+        (densities, points, steps, target, ptv),
+        _settings(shrinkage=0.1),
         test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
     )
 

@@ -21,12 +21,14 @@ from triton_dispatch.testing import (
 )
 from vq_kernels import ResidualVQ, VectorQuantizer, quantize, residual_quantize
 from vq_kernels.ops.quantize.reference import distances_reference
-from vq_kernels.ops.residual_quantize.dispatch import _PLANS
+from vq_kernels.ops.residual_quantize.op import RESIDUAL_QUANTIZE
 from vq_kernels.ops.residual_quantize.reference import (
     residual_loss_reference,
     residual_quantize_reference,
     residual_vq_reference,
 )
+
+_PLANS = RESIDUAL_QUANTIZE._plans
 
 METRICS = ("l2", "cosine")
 # (N, L, K, D): several row programs and code tiles (interpreter tiles are 16 wide), D over several

@@ -208,6 +208,7 @@ def test_reference_backend_runs_the_reference():
     ],
 )
 def test_bad_arguments_are_named(value, error, match):
+    value = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in value.items()}
     args = {"x": torch.zeros(3, 4, device=DEVICE), "shift": None, **value}
     settings = {k: v for k, v in args.items() if k not in ("x", "shift")}
     with pytest.raises(error, match=match):
@@ -225,3 +226,270 @@ def test_declaration_rejects_unknown_names():
             plan=lambda call: None,
             fake=lambda x: (x,),
         )
+
+
+@triton.jit
+def _mul_kernel(a_ptr, b_ptr, out_ptr, cols, sa0, sa1, sb0, sb1, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < cols
+    a = tl.load(a_ptr + row * sa0 + offs * sa1, mask=mask)
+    b = tl.load(b_ptr + row * sb0 + offs * sb1, mask=mask)
+    tl.store(out_ptr + row * cols + offs, a * b, mask=mask)
+
+
+class _MulPlan:
+    """``a * b`` of (N, D) float32 tensors read with the strides the plan was built for; its
+    backward makes only the gradients autograd asks for."""
+
+    launches = 0
+
+    def __init__(self, a, b) -> None:
+        self.shape, self.strides = tuple(a.shape), (a.stride(), b.stride())
+        self.block = triton.next_power_of_2(max(a.shape[1], 1))
+
+    def _mul(self, x, y, x_stride, y_stride):
+        type(self).launches += 1
+        out = torch.empty(self.shape, device=x.device)
+        if out.numel():
+            grid = (self.shape[0],)
+            _mul_kernel[grid](x, y, out, self.shape[1], *x_stride, *y_stride, BLOCK=self.block)
+        return out
+
+    def forward(self, a, b):
+        return self._mul(a, b, *self.strides)
+
+    def backward(self, grad, a, b, needs):
+        rows = (self.shape[1], 1)  # the gradient arrives contiguous
+        grad_a = self._mul(grad, b, rows, self.strides[1]) if needs[0] else None
+        grad_b = self._mul(grad, a, rows, self.strides[0]) if needs[1] else None
+        return grad_a, grad_b
+
+
+def _same_shapes(call) -> None:
+    if call["a"].shape != call["b"].shape:
+        raise ValueError(f"b must have a's shape {tuple(call['a'].shape)}")
+
+
+MUL = OpDeclaration(
+    "triton_dispatch_tests::mul",
+    inputs=[
+        TensorSpec("a", (torch.float32,), "(N, D)", fits=_rows_and_columns),
+        TensorSpec("b", (torch.float32,), "(N, D)", fits=_rows_and_columns),
+    ],
+    check=_same_shapes,
+    outputs=("y",),
+    returns=("y",),
+    saved=("a", "b"),
+    # the plan binds the inputs' strides: a contiguous copy would be read with the wrong ones
+    keep_strides=("a", "b"),
+    backward_needs=True,
+    reference=lambda a, b: a * b,
+    plan=lambda call: _MulPlan(call["a"], call["b"]),
+    fake=lambda a, b: a.new_empty(a.shape),
+    backward_fake=lambda grad, a, b, needs: (a.new_empty(a.shape), b.new_empty(b.shape)),
+)
+
+
+def _strided_pair(grad_a: bool = True, grad_b: bool = True):
+    a = torch.randn(5, 14, device=DEVICE)[:, ::2].requires_grad_(grad_a)  # a strided view
+    b = torch.randn(7, 5, device=DEVICE).t().requires_grad_(grad_b)  # column-major
+    return a, b
+
+
+@pytest.mark.parametrize(("grad_a", "grad_b"), [(True, True), (True, False), (False, True)])
+def test_saved_inputs_keep_their_strides_and_unneeded_gradients_are_skipped(grad_a, grad_b):
+    a, b = _strided_pair(grad_a, grad_b)
+    y = MUL(a, b)
+    assert_close(y, a.detach().double() * b.detach().double())
+    grad = torch.randn_like(y)
+    inputs = [x for x in (a, b) if x.requires_grad]
+    before = _MulPlan.launches
+    got = torch.autograd.grad(y, inputs, grad)
+    assert _MulPlan.launches == before + len(inputs)  # no launch for a gradient nobody reads
+    expected = {id(a): b.detach().double(), id(b): a.detach().double()}
+    for x, g in zip(inputs, got, strict=True):
+        assert_close(g, grad.double() * expected[id(x)])
+
+
+def test_custom_ops_with_kept_strides_and_needs_pass_opcheck():
+    for grads in ((True, True), (True, False)):  # a gradient left None comes out as zeros
+        torch.library.opcheck(MUL.op, _strided_pair(*grads))
+
+
+def test_keep_strides_names_saved_inputs_only():
+    with pytest.raises(ValueError, match="keep_strides"):
+        OpDeclaration(
+            "triton_dispatch_tests::broken_strides",
+            inputs=[TensorSpec("x", (torch.float32,), "(N,)")],
+            outputs=("y",),
+            returns=("y",),
+            saved=("y",),
+            keep_strides=("y",),
+            reference=torch.exp,
+            plan=lambda call: None,
+            fake=lambda x: x.new_empty(x.shape),
+            backward_fake=lambda grad, y: y.new_empty(y.shape),
+        )
+
+
+def test_dtypes_in_words_name_the_argument():
+    spec = TensorSpec("x", (torch.float32,), "(N,)", dtypes_expected="a float32 (floating) tensor")
+    with pytest.raises(
+        TypeError, match=r"x must be a float32 \(floating\) tensor, got torch.int64"
+    ):
+        spec.check(torch.zeros(3, dtype=torch.int64))
+
+
+@triton.jit
+def _double_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, 2.0 * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+class _DoublePlan:
+    """2x of an (N, D) float32 tensor of any strides: copied when it is not contiguous, so the
+    plan binds no strides."""
+
+    builds = 0
+
+    def __init__(self, n: int) -> None:
+        type(self).builds += 1
+        self.n = n
+
+    def forward(self, x):
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        if self.n:
+            _double_kernel[(triton.cdiv(self.n, 64),)](x, y, self.n, BLOCK=64)
+        return y
+
+
+DOUBLE = OpDeclaration(
+    "triton_dispatch_tests::double",
+    inputs=[
+        TensorSpec("x", (torch.float32,), "(N, D)", fits=_rows_and_columns, binds_strides=False)
+    ],
+    outputs=("y",),
+    returns=("y",),
+    reference=lambda x: 2 * x,
+    plan=lambda call: _DoublePlan(call["x"].numel()),
+    fake=lambda x: torch.empty_like(x, memory_format=torch.contiguous_format),
+)
+
+
+def test_a_tensor_whose_strides_the_plan_does_not_bind_is_keyed_by_contiguity():
+    DOUBLE._plans.clear()
+    before = _DoublePlan.builds
+    views = [
+        torch.randn(5, 14, device=DEVICE)[:, ::2],  # strides (14, 2)
+        torch.randn(5, 21, device=DEVICE)[:, ::3],  # strides (21, 3): the same plan
+        torch.randn(1, 7, device=DEVICE).expand(5, 7),  # strides (0, 1): the same plan
+        torch.randn(5, 7, device=DEVICE),  # contiguous: a plan of its own
+    ]
+    for x in views:
+        assert_close(DOUBLE(x), 2 * x.double())
+    assert (DOUBLE._plans.hits, DOUBLE._plans.misses) == (2, 2)
+    assert _DoublePlan.builds == before + 2
+
+
+class _SquaredSumPlan:
+    """``y = x + s²`` with ``s = table.sum(0)``, ``s`` also returned; the table's gradient,
+    ``2·s·Σ_rows grad`` in every row, needs its row count and dtype but not its values."""
+
+    def __init__(self, table_shape, table_dtype) -> None:
+        self.rows, self.dtype = table_shape[0], table_dtype
+
+    def forward(self, x, table):
+        s = table.sum(0)
+        return x + (s * s).to(x.dtype), s
+
+    def backward(self, grad_y, s):
+        column = 2 * s * grad_y.sum(0).to(s.dtype)
+        return grad_y, column.expand(self.rows, -1).to(self.dtype).contiguous()
+
+
+SQUARED_SUM = OpDeclaration(
+    "triton_dispatch_tests::squared_sum",
+    inputs=[
+        TensorSpec("x", (torch.float32,), "(N, D)", fits=_rows_and_columns),
+        TensorSpec("table", (torch.float32, torch.float64), "(K, D)", fits=_rows_and_columns),
+    ],
+    outputs=("y", "s"),
+    returns=("y", "s"),
+    differentiable_outputs=("y",),  # s reaches the caller detached
+    saved=("s",),
+    saved_meta=("table",),  # the table may change in place before the backward
+    reference=lambda x, table: (x + (table.sum(0) ** 2).to(x.dtype), table.sum(0).detach()),
+    plan=lambda call: _SquaredSumPlan(call["table"].shape, call["table"].dtype),
+    fake=lambda x, table: (torch.empty_like(x), table.new_empty(table.shape[1:])),
+    backward_fake=lambda grad, s, *, table_shape, table_dtype: (
+        torch.empty_like(grad),
+        s.new_empty(table_shape, dtype=table_dtype),
+    ),
+    backward_plan=lambda named: _SquaredSumPlan(named["table_shape"], named["table_dtype"]),
+)
+
+
+def _squared_sum_inputs(dtype=torch.float64):
+    x = torch.randn(5, 3, device=DEVICE, requires_grad=True)
+    return x, torch.randn(4, 3, device=DEVICE, dtype=dtype, requires_grad=True)
+
+
+@pytest.mark.parametrize("route", ["eager", "custom op", "reference"])
+def test_detached_outputs_and_a_table_changed_in_place_before_the_backward(route):
+    x, table = _squared_sum_inputs()
+    s_before = table.detach().sum(0)
+    if route == "eager":
+        y, s = SQUARED_SUM(x, table)
+    elif route == "custom op":
+        y, s = torch.ops.triton_dispatch_tests.squared_sum(x, table)
+    else:
+        y, s = SQUARED_SUM(x, table, backend="torch")
+    assert y.requires_grad and not s.requires_grad
+    with torch.no_grad():
+        table.add_(1.0)  # saving the table would make the backward refuse to run
+    grad = torch.randn_like(y)
+    grad_x, grad_table = torch.autograd.grad(y, [x, table], grad)
+    assert torch.equal(grad_x, grad)  # passed through (the backward op returns a copy)
+    assert grad_table.dtype == torch.float64
+    assert_close(grad_table, (2 * s_before * grad.double().sum(0)).expand(4, -1), tol=1e-6)
+
+
+def test_custom_ops_with_detached_outputs_and_saved_meta_pass_opcheck():
+    schema = str(torch.ops.triton_dispatch_tests.squared_sum_backward.default._schema)
+    assert "Tensor? grad_y, Tensor s, *, SymInt[] table_shape, ScalarType table_dtype" in schema
+    for dtype in (torch.float32, torch.float64):
+        torch.library.opcheck(SQUARED_SUM.op, _squared_sum_inputs(dtype))
+
+
+def test_saved_meta_and_differentiable_outputs_name_what_they_must():
+    common = dict(
+        inputs=[TensorSpec("x", (torch.float32,), "(N,)")],
+        outputs=("y", "z"),
+        returns=("y",),
+        saved=("y",),
+        reference=torch.exp,
+        plan=lambda call: None,
+        fake=lambda x: x.new_empty(x.shape),
+        backward_fake=lambda grad, y: y.new_empty(y.shape),
+    )
+    with pytest.raises(ValueError, match="differentiable_outputs"):
+        OpDeclaration("triton_dispatch_tests::broken_graded", differentiable_outputs=("z",),
+                      **common)  # fmt: skip
+    with pytest.raises(ValueError, match="saved_meta"):  # and without backward_plan
+        OpDeclaration("triton_dispatch_tests::broken_meta", saved_meta=("x",), **common)
+
+
+def test_setting_type_errors_and_float_subclasses():
+    np = pytest.importorskip("numpy")
+    metric = SettingSpec("metric", str, "l2", choices=("l2", "cosine"), type_error=ValueError)
+    with pytest.raises(ValueError, match="metric must be a str, got int"):
+        metric.check(3)
+    with pytest.raises(TypeError, match="k must be an int, got float"):
+        SettingSpec("k", int, 1).check(1.5)
+    weight = SettingSpec("weight", float, 1.0)
+    assert weight.check(np.float64(0.25)) == 0.25 and type(weight.check(np.float64(1))) is float
+    with pytest.raises(TypeError, match="weight must be a float, got bool"):
+        weight.check(True)

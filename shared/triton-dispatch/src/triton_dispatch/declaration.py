@@ -18,10 +18,12 @@ that the declaration builds
 A plan is any object with ``forward(*inputs) -> outputs`` (a tensor, or a tuple of every declared
 output) and, for a differentiable op, ``backward(*grads, *saved) -> input grads`` (``grads``: one
 per returned output, ``None`` for those that got none; ``saved``: the declared tensors,
-contiguous; the result: one gradient per differentiable input, in order). ``plan(call)`` builds it
-once per kind of call from a validated :class:`Call` (tensors and settings by name): the config
-choice, the grid and the bound launches belong there. Settings reach the plan through the call,
-never as positions in a tuple.
+contiguous unless declared ``keep_strides``; the result: one gradient per differentiable input,
+in order, ``None`` for one nobody needs (the backward op, whose schema returns tensors, puts zeros
+of ``backward_fake``'s shape there); with ``backward_needs``, a last argument ``needs`` says which
+of those gradients autograd asks for). ``plan(call)`` builds it once per kind of call from a
+validated :class:`Call` (tensors and settings by name): the config choice, the grid and the bound
+launches belong there. Settings reach the plan through the call, never as positions in a tuple.
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ class TensorSpec:
             copied behind the caller's back).
         optional: whether ``None`` may stand in for it.
         differentiable: whether the backward returns a gradient for it.
+        binds_strides: whether a plan may bind its strides, so that calls with other strides
+            get plans of their own. ``False`` for a tensor the plan reads with each call's
+            strides (or copies): calls that differ only in its strides then share one plan,
+            keyed by its contiguity.
+        dtypes_expected: the dtypes in words, for the error (e.g. ``"a float32 or float64
+            (floating-point) tensor"``; default: the dtypes listed).
     """
 
     name: str
@@ -62,6 +70,8 @@ class TensorSpec:
     contiguous: bool = False
     optional: bool = False
     differentiable: bool = True
+    binds_strides: bool = True
+    dtypes_expected: str = ""
 
     def check(self, value: Any) -> None:
         if value is None and self.optional:
@@ -69,7 +79,9 @@ class TensorSpec:
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{self.name} must be a torch.Tensor, got {type(value).__name__}")
         if value.dtype not in self.dtypes:
-            allowed = " or ".join(str(d).removeprefix("torch.") for d in self.dtypes)
+            allowed = self.dtypes_expected or " or ".join(
+                str(d).removeprefix("torch.") for d in self.dtypes
+            )
             raise TypeError(f"{self.name} must be {allowed}, got {value.dtype}")
         if self.fits is not None and not self.fits(value.shape):
             raise ValueError(f"{self.name} must have shape {self.shape}, got {tuple(value.shape)}")
@@ -95,6 +107,8 @@ class SettingSpec:
         choices: the values it may take (default: any of ``kind``).
         valid: ``valid(value) -> bool`` for numbers with a range; ``expected`` says it in words.
         expected: what a valid value is, for the error (e.g. ``"a number in [0, 1]"``).
+        type_error: what a value of another kind raises: ``TypeError``, or ``ValueError`` for
+            an op whose API has always refused every unusable value with ``ValueError``.
     """
 
     name: str
@@ -103,14 +117,18 @@ class SettingSpec:
     choices: tuple | None = None
     valid: Callable[[Any], bool] | None = None
     expected: str = ""
+    type_error: type[Exception] = TypeError
 
     def check(self, value: Any) -> Any:
-        """The value as the op uses it (ints accepted for floats), or a clear error."""
+        """The value as the op uses it (ints and float subclasses such as numpy's float64
+        accepted for floats), or a clear error."""
         kind = self.kind
-        if kind is float and type(value) is int:
+        if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = float(value)
         if type(value) is not kind:
-            raise TypeError(f"{self.name} must be a {kind.__name__}, got {type(value).__name__}")
+            raise self.type_error(
+                f"{self.name} must be {_article(kind.__name__)}, got {type(value).__name__}"
+            )
         if self.choices is not None and value not in self.choices:
             raise ValueError(f"{self.name} must be one of {self.choices}, got {value!r}")
         if self.valid is not None and not self.valid(value):
@@ -161,6 +179,20 @@ class OpDeclaration:
         backward_plan: ``backward_plan(named) -> plan`` from the saved tensors and the settings
             by name, for the backward op traced on its own (default: ``plan`` of the saved
             inputs, which must then include every input).
+        keep_strides: saved inputs the backward gets with their own strides instead of
+            contiguous: a plan built for a channels-last or strided input binds those strides,
+            and a copy would be read with the wrong ones.
+        backward_needs: the plan's backward takes ``needs`` after the saved tensors, one bool
+            per differentiable input (does autograd ask for its gradient?), so that it can skip
+            work nobody reads; the backward op and ``backward_fake`` take it as ``bool[] needs``.
+        differentiable_outputs: the returned outputs that carry a gradient, the ones the
+            backward takes gradients of (default: every returned output); the others reach the
+            caller marked non-differentiable, like a detached by-product.
+        saved_meta: inputs whose shape and dtype, not values, the backward needs (the size of a
+            gradient it scatters into). Nothing holds the tensor, so it may change in place
+            between forward and backward (an EMA codebook). The eager route's plan knows them
+            already; the backward op takes ``SymInt[] <name>_shape, ScalarType <name>_dtype``
+            after the settings, which ``backward_fake`` and ``backward_plan`` get by name too.
     """
 
     def __init__(
@@ -178,6 +210,10 @@ class OpDeclaration:
         saved: Sequence[str] = (),
         backward_fake: Callable[..., Any] | None = None,
         backward_plan: Callable[[Mapping[str, Any]], Any] | None = None,
+        keep_strides: Sequence[str] = (),
+        backward_needs: bool = False,
+        differentiable_outputs: Sequence[str] | None = None,
+        saved_meta: Sequence[str] = (),
     ) -> None:
         self.qualname = qualname
         self.inputs = tuple(inputs)
@@ -189,15 +225,45 @@ class OpDeclaration:
         self.plan = plan
         self.check = check
         self.backward_plan = backward_plan
+        self.backward_needs = backward_needs
         self._names = tuple(s.name for s in self.inputs)
         unknown = (set(self.returns) | set(self.saved)) - set(self._names) - set(self.outputs)
         if unknown or not set(self.returns) <= set(self.outputs):
             raise ValueError(f"{qualname}: returns/saved name unknown tensors {sorted(unknown)}")
         if self.saved and backward_fake is None:
             raise ValueError(f"{qualname}: an op with a backward needs backward_fake")
+        if not set(keep_strides) <= set(self.saved) & set(self._names):
+            raise ValueError(f"{qualname}: keep_strides must name saved inputs")
+        self._copied = tuple(n not in keep_strides for n in self.saved)
         self._returned = tuple(self.outputs.index(n) for n in self.returns)
+        graded = self.returns if differentiable_outputs is None else tuple(differentiable_outputs)
+        if not set(graded) <= set(self.returns):
+            raise ValueError(f"{qualname}: differentiable_outputs must name returned outputs")
+        self._graded_names = graded
+        self._graded = tuple(self.outputs.index(n) for n in graded)
+        self.saved_meta = tuple(saved_meta)
+        self._meta_inputs = tuple(
+            (n, self._names.index(n)) for n in self.saved_meta if n in self._names
+        )
+        if len(self._meta_inputs) != len(self.saved_meta) or (saved_meta and backward_plan is None):
+            raise ValueError(f"{qualname}: saved_meta must name inputs, and needs backward_plan")
         self._differentiable = tuple(i for i, s in enumerate(self.inputs) if s.differentiable)
+        self._binds = tuple(s.binds_strides for s in self.inputs)
+        self._strided = tuple(i for i, s in enumerate(self.inputs) if s.binds_strides)
         self._defaults = {s.name: s.default for s in self.settings}
+        self._default_values = tuple(self._defaults.values())
+        # where each saved tensor is in (*inputs, *outputs), and the outputs without a gradient
+        both = (*self._names, *self.outputs)
+        self._saved_at = tuple(
+            self._names.index(n) if n in self._names else both.index(n, len(self._names))
+            for n in self.saved
+        )
+        self._hidden = tuple(i for i in range(len(self.outputs)) if i not in self._graded)
+        # zeros for the gradients of outputs nobody differentiates would be wasted launches
+        self._keep_none_grads = bool(self._hidden) or len(self.outputs) > 1
+        # the eager node of this op: the declaration rides on the class, not as an argument that
+        # autograd would inspect on every call
+        self._node = type(f"{qualname.replace('::', '_')}_node", (_EagerNode,), {"decl": self})
         self._plans: PlanCache = PlanCache(qualname)
         self._kernel_plans: PlanCache = PlanCache(f"{qualname} kernels")
         self.op = self._register(fake, backward_fake)
@@ -214,10 +280,14 @@ class OpDeclaration:
             if not uses_triton(call.backend):
                 return self.reference(*tensors, **call.settings)
             return self._pick(_as_tuple(self.op(*tensors, **call.settings)))
-        given = tuple(settings.get(n, d) for n, d in self._defaults.items())
         key = None
-        if len(settings) <= len(given):
-            key = call_key(tensors, backend, torch.is_grad_enabled(), _strides(tensors), given)
+        if not settings:  # the common call: every setting at its default
+            strides = _strides(tensors, self._strided) if self._strided else ()
+            key = call_key(tensors, backend, torch.is_grad_enabled(), strides, self._default_values)
+        elif len(settings) <= len(self._default_values):
+            given = tuple(map(settings.get, self._defaults, self._default_values))
+            strides = _strides(tensors, self._strided) if self._strided else ()
+            key = call_key(tensors, backend, torch.is_grad_enabled(), strides, given)
         if key is None:  # not a tensor where one goes, an unhashable setting: the checks name it
             self.validate(tensors, backend, settings)
         return self._plans.get(key, lambda: self._route(tensors, backend, settings))(*tensors)
@@ -254,14 +324,17 @@ class OpDeclaration:
         if not uses_triton(call.backend):
             values = call.settings
             return lambda *ts: self.reference(*ts, **values)
-        key = (_meta_key(tensors), tuple(call.settings.values()))
+        key = (_meta_key(tensors, self._binds), tuple(call.settings.values()))
         plan = self._kernel_plans.get(key, lambda: self.plan(call) or _REFERENCE)
         if plan is _REFERENCE:
             values = call.settings
             return lambda *ts: self.reference(*ts, **values)
         wants_grad = bool(self.saved) and torch.is_grad_enabled()
         if wants_grad and any(_requires_grad(tensors[i]) for i in self._differentiable):
-            return lambda *ts: self._pick(_EagerNode.apply(self, plan, *ts))
+            node = self._node
+            if len(self.outputs) == 1:  # the node returns the tensor itself
+                return lambda *ts: node.apply(plan, *ts)
+            return lambda *ts: self._pick(node.apply(plan, *ts))
         return lambda *ts: self._pick(_as_tuple(plan.forward(*ts)))
 
     def _pick(self, outputs: tuple) -> Any:
@@ -270,9 +343,8 @@ class OpDeclaration:
         return tuple(outputs[i] for i in self._returned)
 
     def _saved_of(self, inputs, outputs) -> list[torch.Tensor | None]:
-        named = dict(zip(self._names, inputs))
-        named.update(zip(self.outputs, outputs))
-        return [named[n] for n in self.saved]
+        both = (*inputs, *outputs)
+        return [both[i] for i in self._saved_at]
 
     def _input_grads(self, computed, needed: Sequence[bool]) -> tuple:
         """The plan's gradients (one per differentiable input) as one per input, ``None`` where
@@ -312,23 +384,37 @@ class OpDeclaration:
             return op
 
         optional = {s.name for s in self.inputs if s.optional}
-        grads_in = [f"Tensor? grad_{n}" for n in self.returns]
+        grads_in = [f"Tensor? grad_{n}" for n in self._graded_names]
         saved_in = [f"Tensor{'?' if n in optional else ''} {n}" for n in self.saved]
+        needs_in = ["bool[] needs"] if self.backward_needs else []
+        meta_in = [f"SymInt[] {n}_shape, ScalarType {n}_dtype" for n in self.saved_meta]
+        backward_kw = [s.schema for s in self.settings] + meta_in
+        backward_kwargs = f", *, {', '.join(backward_kw)}" if backward_kw else ""
         backward_schema = (
-            f"({', '.join(grads_in + saved_in)}{kwargs}) -> "
+            f"({', '.join(grads_in + saved_in + needs_in)}{backward_kwargs}) -> "
             f"{_returns_schema(len(self._differentiable))}"
         )
-        n_grads = len(self.returns)
+        n_grads, n_saved = len(self._graded_names), len(self.saved)
 
         def backward_impl(*args, **settings):
-            grads, saved = args[:n_grads], args[n_grads:]
+            grads, saved = args[:n_grads], args[n_grads : n_grads + n_saved]
             plan = decl._kernel_plan_for_saved(saved, settings)
             if plan is _REFERENCE:
                 raise RuntimeError(
                     f"{decl.qualname}: the plan declined this call, so under torch.compile its "
                     "backward has no kernels; call the op eagerly or with backend='torch'"
                 )
-            return _as_returned(plan.backward(*grads, *saved))
+            computed = _as_tuple(plan.backward(*grads, *saved, *args[n_grads + n_saved :]))
+            # a gradient passed through unchanged (straight-through) is one of the op's inputs,
+            # which a custom op may not return
+            given = [a for a in args if isinstance(a, torch.Tensor)]
+            computed = tuple(g.clone() if _aliases(g, given) else g for g in computed)
+            if any(g is None for g in computed):  # the schema has a tensor for each: zeros
+                shapes = _as_tuple(backward_fake(*args, **settings))
+                computed = tuple(
+                    torch.zeros_like(f) if g is None else g for g, f in zip(computed, shapes)
+                )
+            return _as_returned(computed)
 
         backward_op = torch.library.custom_op(
             f"{self.qualname}_backward", backward_impl, mutates_args=(), schema=backward_schema
@@ -339,29 +425,43 @@ class OpDeclaration:
 
         def setup_context(ctx, inputs, output, keyword_only_inputs=None) -> None:
             outputs = _as_tuple(output)
-            hidden = [outputs[i] for i in range(len(outputs)) if i not in decl._returned]
+            hidden = [outputs[i] for i in range(len(outputs)) if i not in decl._graded]
             ctx.mark_non_differentiable(*hidden)
             ctx.set_materialize_grads(False)
             ctx.save_for_backward(*decl._saved_of(inputs[: len(names)], outputs))
             ctx.settings = dict(keyword_only_inputs or {})
+            for n, i in decl._meta_inputs:
+                ctx.settings[f"{n}_shape"] = tuple(inputs[i].shape)
+                ctx.settings[f"{n}_dtype"] = inputs[i].dtype
 
         def backward(ctx, *grads):
-            wanted = [grads[i] for i in decl._returned]
+            wanted = [grads[i] for i in decl._graded]
             if all(g is None for g in wanted):
                 return (None,) * len(names)
-            saved = [None if t is None else t.contiguous() for t in ctx.saved_tensors]
+            saved = decl._for_backward(ctx.saved_tensors)
             wanted = [None if g is None else g.contiguous() for g in wanted]
-            computed = backward_op(*wanted, *saved, **ctx.settings)
+            needs = decl._needs(ctx.needs_input_grad)
+            computed = backward_op(*wanted, *saved, *needs, **ctx.settings)
             return decl._input_grads(computed, ctx.needs_input_grad)
 
         op.register_autograd(backward, setup_context=setup_context)
         return op
 
+    def _for_backward(self, saved) -> list[torch.Tensor | None]:
+        return [t if t is None or not c else t.contiguous() for t, c in zip(saved, self._copied)]
+
+    def _needs(self, needs_input_grad) -> tuple:
+        """The plan's ``needs`` argument (with ``backward_needs``), else nothing."""
+        if not self.backward_needs:
+            return ()
+        return ([bool(needs_input_grad[i]) for i in self._differentiable],)
+
     def _kernel_plan(self, tensors, settings) -> Any:
         def build():
             return self.plan(self.validate(tensors, None, settings)) or _REFERENCE
 
-        return self._kernel_plans.get((_meta_key(tensors), tuple(settings.values())), build)
+        key = (_meta_key(tensors, self._binds), tuple(settings.values()))
+        return self._kernel_plans.get(key, build)
 
     def _kernel_plan_for_saved(self, saved, settings) -> Any:
         """The plan of a backward op call, by the saved tensors' metadata and the settings."""
@@ -378,7 +478,8 @@ class OpDeclaration:
                 )
             return self.plan(self.validate(inputs, None, settings)) or _REFERENCE
 
-        key = ("backward", _meta_key(saved), tuple(settings.values()))
+        values = tuple(tuple(v) if isinstance(v, list) else v for v in settings.values())
+        key = ("backward", _meta_key(saved), values)
         return self._kernel_plans.get(key, build)
 
 
@@ -387,12 +488,16 @@ class OpDeclaration:
 _REFERENCE = object()
 
 
+def _article(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
 def _returns_schema(n: int) -> str:
     return "Tensor" if n == 1 else f"({', '.join(['Tensor'] * n)})"
 
 
 def _as_tuple(values) -> tuple:
-    return (values,) if isinstance(values, torch.Tensor) else tuple(values)
+    return (values,) if values is None or isinstance(values, torch.Tensor) else tuple(values)
 
 
 def _as_returned(values) -> Any:
@@ -401,43 +506,71 @@ def _as_returned(values) -> Any:
     return values[0] if len(values) == 1 else values
 
 
+def _aliases(t, others) -> bool:
+    """Whether tensor ``t`` shares memory with one of ``others``."""
+    if t is None:
+        return False
+    ptr = t.untyped_storage().data_ptr()
+    return any(o.untyped_storage().data_ptr() == ptr for o in others)
+
+
 def _requires_grad(t) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad
 
 
-def _strides(tensors) -> tuple | None:
-    """The strides a plan binds (``None`` when an argument is not a tensor or ``None``)."""
+def _strides(tensors, which: Sequence[int]) -> tuple | None:
+    """The strides a plan binds, of the tensors at ``which`` (``None`` when an argument is not a
+    tensor or ``None``)."""
+    if not which:
+        return ()
     try:
-        return tuple(None if t is None else t.stride() for t in tensors)
+        return tuple(None if tensors[i] is None else tensors[i].stride() for i in which)
     except AttributeError:
         return None
 
 
-def _meta_key(tensors) -> tuple:
-    return tuple(None if t is None else (t.dtype, t.device, t.shape, t.stride()) for t in tensors)
+def _meta_key(tensors, binds: Sequence[bool] | None = None) -> tuple:
+    """Dtype, device, shape and strides of each tensor (its contiguity where ``binds`` says the
+    plan does not bind its strides)."""
+    return tuple(
+        None
+        if t is None
+        else (
+            t.dtype,
+            t.device,
+            t.shape,
+            t.stride() if binds is None or binds[i] else t.is_contiguous(),
+        )
+        for i, t in enumerate(tensors)
+    )
 
 
 class _EagerNode(torch.autograd.Function):
     """The declared forward and backward for eager calls, without the custom-op dispatcher (tens
-    of microseconds per call)."""
+    of microseconds per call); each declaration subclasses it with ``decl`` set."""
 
-    @staticmethod
-    def forward(ctx, decl: OpDeclaration, plan, *inputs):
+    decl: OpDeclaration
+
+    @classmethod
+    def forward(cls, ctx, plan, *inputs):
+        decl = cls.decl
         outputs = _as_tuple(plan.forward(*inputs))
-        hidden = [outputs[i] for i in range(len(outputs)) if i not in decl._returned]
-        ctx.mark_non_differentiable(*hidden)
-        ctx.set_materialize_grads(False)
+        if decl._hidden:
+            ctx.mark_non_differentiable(*[outputs[i] for i in decl._hidden])
+        if decl._keep_none_grads:
+            ctx.set_materialize_grads(False)
         ctx.save_for_backward(*decl._saved_of(inputs, outputs))
-        ctx.decl, ctx.plan = decl, plan
-        return outputs
+        ctx.plan = plan
+        return outputs if len(outputs) > 1 else outputs[0]
 
-    @staticmethod
-    def backward(ctx, *grads):
-        decl = ctx.decl
-        wanted = [grads[i] for i in decl._returned]
+    @classmethod
+    def backward(cls, ctx, *grads):
+        decl = cls.decl
+        wanted = [grads[i] for i in decl._graded]
         if all(g is None for g in wanted):
-            return (None, None, *(None,) * len(decl.inputs))
-        saved = [None if t is None else t.contiguous() for t in ctx.saved_tensors]
+            return (None, *(None,) * len(decl.inputs))
+        saved = decl._for_backward(ctx.saved_tensors)
         wanted = [None if g is None else g.contiguous() for g in wanted]
-        computed = ctx.plan.backward(*wanted, *saved)
-        return (None, None, *decl._input_grads(computed, ctx.needs_input_grad[2:]))
+        needs = decl._needs(ctx.needs_input_grad[1:])
+        computed = ctx.plan.backward(*wanted, *saved, *needs)
+        return (None, *decl._input_grads(computed, ctx.needs_input_grad[1:]))

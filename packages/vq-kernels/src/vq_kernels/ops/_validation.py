@@ -34,3 +34,14 @@ def require_contiguous(name: str, t: torch.Tensor) -> None:
         raise ValueError(
             f"{name} is updated in place and must be contiguous; pass a contiguous tensor"
         )
+
+
+def rows_of(x):
+    """``x (..., D)`` as ``(B, D)`` rows (a view where possible), after naming a bad ``x``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 2:
+        return x
+    if x.dim() < 1:
+        raise ValueError("x must have at least one dimension (..., D)")
+    return x.reshape(-1, x.shape[-1]) if x.shape[-1] else x.reshape(x.shape[:-1].numel(), 0)

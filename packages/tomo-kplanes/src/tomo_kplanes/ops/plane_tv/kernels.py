@@ -114,7 +114,7 @@ class PlaneTVPlan:
             device=device,
             options={"num_warps": 1 if interpreter_enabled() else 4},
         )
-        self.backward = KernelLaunch(
+        self.backward_launch = KernelLaunch(
             _backward_kernel,
             (self.programs,),
             dict(sizes, count_h=count_h, count_w=count_w, BLOCK=block),
@@ -128,7 +128,7 @@ class PlaneTVPlan:
         self.partials.compile_ahead(self.dtype, self.dtype)
         self.finish.compile_ahead(self.dtype, self.dtype)
         if backward:
-            self.backward.compile_ahead(self.dtype, self.dtype, self.dtype)
+            self.backward_launch.compile_ahead(self.dtype, self.dtype, self.dtype)
 
     def forward(self, planes: torch.Tensor) -> torch.Tensor:
         partial = torch.empty(2 * self.programs, dtype=self.dtype, device=self.device)
@@ -137,10 +137,37 @@ class PlaneTVPlan:
         self.finish(partial, out)
         return out
 
-    def grad(self, planes: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    def backward(self, grad_out: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+        """The planes' gradient, with their strides, for the 0-d ``grad_out``."""
         grad = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
-        self.backward(planes, grad, grad_out)
+        self.backward_launch(planes, grad, grad_out)
         return grad
+
+
+class _DenseCopyPlan:
+    """Planes in a layout the kernels cannot walk in memory order (a strided view): the plan of
+    a dense copy, and a gradient in that copy's layout."""
+
+    def __init__(self, plan: PlaneTVPlan) -> None:
+        self.plan = plan
+
+    def forward(self, planes: torch.Tensor) -> torch.Tensor:
+        return self.plan.forward(planes.contiguous())
+
+    def backward(self, grad_out: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+        return self.plan.backward(grad_out, planes.contiguous())
+
+
+def dense(planes: torch.Tensor) -> bool:
+    """Whether the kernels walk ``planes`` as they lie (contiguous or channels-last)."""
+    return planes.is_contiguous() or (
+        planes.dim() == 4 and planes.is_contiguous(memory_format=torch.channels_last)
+    )
+
+
+def covered(planes: torch.Tensor) -> bool:
+    """Whether the kernels take ``planes`` at all: some elements, int32 offsets."""
+    return 0 < planes.numel() < 2**31
 
 
 _PLANS: PlanCache[PlaneTVPlan] = PlanCache("tomo_kplanes.plane_tv_kernels")
@@ -148,7 +175,11 @@ _PLANS: PlanCache[PlaneTVPlan] = PlanCache("tomo_kplanes.plane_tv_kernels")
 
 def plan_for(planes: torch.Tensor) -> PlaneTVPlan:
     """The launch plan of dense ``planes`` (validated by the caller)."""
-    meta = (tuple(planes.shape), planes.stride(), planes.dtype, planes.device)
+    return _plan(planes, planes.stride())
+
+
+def _plan(planes: torch.Tensor, stride: tuple[int, ...]) -> PlaneTVPlan:
+    meta = (tuple(planes.shape), stride, planes.dtype, planes.device)
 
     def build() -> PlaneTVPlan:
         plan = PlaneTVPlan(*meta)
@@ -156,3 +187,13 @@ def plan_for(planes: torch.Tensor) -> PlaneTVPlan:
         return plan
 
     return _PLANS.get(meta, build)
+
+
+def plane_tv_plan(planes: torch.Tensor) -> PlaneTVPlan | _DenseCopyPlan | None:
+    """The plan of validated ``planes``: their own layout's where it is dense, a dense copy's
+    where it is not, ``None`` (the reference) where the kernels do not take them."""
+    if not covered(planes):
+        return None
+    if dense(planes):
+        return plan_for(planes)
+    return _DenseCopyPlan(_plan(planes, torch.empty(planes.shape, device="meta").stride()))

@@ -1,62 +1,42 @@
-"""``plane_tv`` as the custom ops ``tomo_kplanes::plane_tv`` and its backward (fake and autograd
-registrations included), and the same kernels as an eager autograd node."""
+"""``plane_tv``'s declaration: from it ``triton_dispatch`` derives the custom ops
+``tomo_kplanes::plane_tv`` and ``..._backward`` (fakes and autograd included), the eager autograd
+path, the plan cache, the reference route and the argument checks."""
 
 from __future__ import annotations
 
 import torch
 
+from triton_dispatch.declaration import OpDeclaration, TensorSpec
 
-def kernels_for(planes: torch.Tensor):
-    from .kernels import plan_for
+from .kernels import dense, plane_tv_plan
+from .reference import plane_tv_reference
 
-    return plan_for(planes)
-
-
-class EagerPlaneTV(torch.autograd.Function):
-    """The registered op's forward and backward without the custom-op dispatch (whose host cost
-    is several times that of the two launches)."""
-
-    @staticmethod
-    def forward(ctx, planes, kernels):
-        ctx.save_for_backward(planes)
-        ctx.kernels = kernels
-        return kernels.forward(planes)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (planes,) = ctx.saved_tensors
-        return ctx.kernels.grad(planes, grad), None
+#: shared with ``tilted_plane_features_with_tv``, which refuses the planes ``plane_tv`` refuses
+PLANES = TensorSpec(
+    "planes",
+    (torch.float32, torch.float64),
+    "(..., H, W) with H, W >= 2",
+    fits=lambda shape: len(shape) >= 2 and shape[-1] >= 2 and shape[-2] >= 2,
+)
 
 
-@torch.library.custom_op("tomo_kplanes::plane_tv", mutates_args=())
-def plane_tv_op(planes: torch.Tensor) -> torch.Tensor:
-    return kernels_for(planes).forward(planes)
+def _grad_fake(grad: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+    # the gradient keeps a dense layout of the planes (a channels-last parameter accumulates it
+    # without a copy); a strided view's is that of the dense copy the kernels read
+    stride = planes.stride() if dense(planes) else planes.new_empty(planes.shape).stride()
+    return torch.empty_strided(planes.shape, stride, dtype=planes.dtype, device=planes.device)
 
 
-@plane_tv_op.register_fake
-def _(planes):
-    return planes.new_empty(())
-
-
-@torch.library.custom_op("tomo_kplanes::plane_tv_backward", mutates_args=())
-def _plane_tv_backward_op(grad: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
-    return kernels_for(planes).grad(planes, grad)
-
-
-@_plane_tv_backward_op.register_fake
-def _(grad, planes):
-    return torch.empty_strided(
-        planes.shape, planes.stride(), dtype=planes.dtype, device=planes.device
-    )
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    ctx.save_for_backward(inputs[0])
-
-
-def _backward(ctx, grad):
-    (planes,) = ctx.saved_tensors
-    return _plane_tv_backward_op(grad, planes)
-
-
-plane_tv_op.register_autograd(_backward, setup_context=_setup_context)
+PLANE_TV = OpDeclaration(
+    "tomo_kplanes::plane_tv",
+    inputs=[PLANES],
+    outputs=("tv",),
+    returns=("tv",),
+    saved=("planes",),
+    # the plan binds the planes' strides (channels-last included)
+    keep_strides=("planes",),
+    reference=plane_tv_reference,
+    plan=lambda call: plane_tv_plan(call["planes"]),
+    fake=lambda planes: planes.new_empty(()),
+    backward_fake=_grad_fake,
+)

@@ -1,15 +1,10 @@
-"""``ray_loss``: the backend choice, the reference path and the plan cache of eager calls."""
+"""``ray_loss``: the public function over the declared op."""
 
 from __future__ import annotations
 
 import torch
 
-from triton_dispatch import uses_triton
-from triton_dispatch.launch import PlanCache, call_key
-
-from .op import EagerRayLoss, kernels_for, pack_settings, ray_loss_op
-from .reference import ray_loss_reference
-from .validation import check_ray_loss
+from .op import RAY_LOSS
 
 
 def ray_loss(
@@ -50,64 +45,14 @@ def ray_loss(
         ``plane_tv``. ``total`` adds the terms in that order.
 
     Raises:
-        TypeError: a non-tensor, or dtypes other than one of float32/float64 shared by all.
-        ValueError: shapes that do not fit together, tensors on different devices, a negative
-            ``shrinkage``, or a non-positive ``tv_step`` with taps.
+        TypeError: a non-tensor, dtypes other than one of float32/float64 shared by all, or a
+            setting of another type (a float for ``tv_step``, the weights and ``shrinkage``, a
+            bool for ``positivity`` and ``mask_out_of_bounds``).
+        ValueError: shapes that do not fit together, tensors on different devices, a setting
+            that is not finite, a negative ``shrinkage``, or a non-positive ``tv_step`` with taps.
     """
-    settings = (
-        float(tv_step), float(volume_tv_weight), float(plane_tv_weight), bool(positivity),
-        float(shrinkage), bool(mask_out_of_bounds),
+    return RAY_LOSS(
+        densities, points, steps, target, plane_tv, backend=backend, tv_step=tv_step,
+        volume_tv_weight=volume_tv_weight, plane_tv_weight=plane_tv_weight,
+        positivity=positivity, shrinkage=shrinkage, mask_out_of_bounds=mask_out_of_bounds,
     )  # fmt: skip
-    tensors = (densities, points, steps, target, plane_tv)
-    if not torch.compiler.is_compiling():
-        stride = points.stride() if isinstance(points, torch.Tensor) else None
-        key = call_key(tensors, stride, *settings, backend, torch.is_grad_enabled())
-        if key is not None:
-            return _PLANS.get(key, lambda: _plan(tensors, settings, backend))(*tensors)
-    return _run(tensors, settings, check_ray_loss(tensors, settings, backend))
-
-
-_PLANS: PlanCache = PlanCache("tomo_kplanes.ray_loss")
-
-
-def _kernel_path(tensors, chosen: str) -> bool:
-    points = tensors[1]
-    return uses_triton(chosen) and points.shape[0] > 0 and points.shape[1] > 0
-
-
-def _reference(tensors, settings):
-    tv_step, volume_w, plane_w, positivity, shrinkage, mask = settings
-    return ray_loss_reference(
-        *tensors, tv_step=tv_step, volume_tv_weight=volume_w, plane_tv_weight=plane_w,
-        positivity=positivity, shrinkage=shrinkage, mask_out_of_bounds=mask,
-    )  # fmt: skip
-
-
-def _contiguous(tensors):
-    densities, points, steps, target, plane_tv = tensors
-    return densities.contiguous(), points, steps.contiguous(), target.contiguous(), plane_tv
-
-
-def _run(tensors, settings, chosen: str):
-    if not _kernel_path(tensors, chosen):
-        return _reference(tensors, settings)
-    tensors = _contiguous(tensors)
-    if torch.compiler.is_compiling():
-        total, terms, _ = ray_loss_op(*tensors, *pack_settings(settings))
-        return total, terms
-    return EagerRayLoss.apply(*tensors, kernels_for(tensors, settings))[:2]
-
-
-def _plan(tensors, settings, backend):
-    chosen = check_ray_loss(tensors, settings, backend)
-    if not _kernel_path(tensors, chosen):
-        return lambda *tensors: _reference(tensors, settings)
-    if not all(t.is_contiguous() for t in (tensors[0], tensors[2], tensors[3])):
-        return lambda *tensors: _run(tensors, settings, chosen)
-    kernels = kernels_for(tensors, settings)
-
-    def run(*tensors):
-        total, terms, _ = EagerRayLoss.apply(*tensors, kernels)
-        return total, terms
-
-    return run

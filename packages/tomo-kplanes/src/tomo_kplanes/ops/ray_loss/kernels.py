@@ -13,14 +13,21 @@ float32, which would round a float64 call's weights.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
 import torch
 import triton
 import triton.language as tl
 
 from triton_dispatch import interpreter_enabled, next_power_of_2
+from triton_dispatch.compile_ahead import backward_follows
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
 from .reference import VOLUME_TV_EPS
+
+if TYPE_CHECKING:
+    from triton_dispatch.declaration import Call
 
 _EPS = tl.constexpr(VOLUME_TV_EPS)
 
@@ -223,7 +230,7 @@ class RayLossPlan:
         tv_step, volume_tv_weight, plane_tv_weight, positivity, shrinkage, mask_out_of_bounds,
     ) -> None:  # fmt: skip
         interpreting = interpreter_enabled()
-        self.dtype, self.device, self.rays = dtype, device, rays
+        self.dtype, self.device, self.rays, self.has_plane_tv = dtype, device, rays, has_plane_tv
         self.numel = rays * samples + 4 * taps
         block_s = min(next_power_of_2(samples), 256)
         block_b = max(1, min(next_power_of_2(rays), 4096 // block_s))
@@ -316,8 +323,12 @@ class RayLossPlan:
         self.finish_launch(partial, total if plane_tv is None else plane_tv, total, terms)
         return total, terms, resid
 
-    def backward(self, grad_total, grad_terms, densities, points, steps, resid, has_plane_tv):
-        """``(grad_densities, grad_plane_tv or None)``."""
+    def backward(self, grad_total, grad_terms, densities, points, steps, plane_tv, resid):
+        """``(grad_densities, grad_plane_tv or None)``; a ``None`` gradient of the total or the
+        terms is one nobody asked for."""
+        if grad_total is None:
+            grad_total = torch.zeros((), dtype=self.dtype, device=self.device)
+        has_plane_tv = self.has_plane_tv
         grad = torch.empty(self.numel, dtype=self.dtype, device=self.device)
         grad_plane = torch.empty((), dtype=self.dtype, device=self.device) if has_plane_tv else grad
         launch = self.backward_launches[grad_terms is not None]
@@ -331,13 +342,54 @@ class RayLossPlan:
 _PLANS: PlanCache[RayLossPlan] = PlanCache("tomo_kplanes.ray_loss_kernels")
 
 
-def plan_for(*meta, backward: bool = False) -> RayLossPlan:
-    """The launch plan of one kind of validated call (see :class:`RayLossPlan`); ``backward``:
-    a backward will follow the first call (its kernel is compiled ahead)."""
+#: the settings of ``ray_loss``, by the names :class:`RayLossPlan` takes them
+SETTINGS = (
+    "tv_step", "volume_tv_weight", "plane_tv_weight", "positivity", "shrinkage",
+    "mask_out_of_bounds",
+)  # fmt: skip
+
+
+class _ContiguousCopyPlan:
+    """Densities, steps or targets that are strided views: the kernels read dense copies (the
+    backward gets its saved tensors contiguous already)."""
+
+    def __init__(self, plan: RayLossPlan) -> None:
+        self.plan = plan
+        self.backward = plan.backward
+
+    def forward(self, densities, points, steps, target, plane_tv):
+        return self.plan.forward(
+            densities.contiguous(), points, steps.contiguous(), target.contiguous(), plane_tv
+        )
+
+
+def _plan(named: Mapping[str, Any], settings: Mapping[str, Any]) -> RayLossPlan | None:
+    densities, points, plane_tv = named["densities"], named["points"], named["plane_tv"]
+    rays, samples = points.shape[0], points.shape[1]
+    if not rays or not samples:  # no ray for the kernels to integrate: the reference
+        return None
+    meta = (
+        rays, samples, (densities.shape[0] - rays * samples) // 4, points.stride(),
+        densities.dtype, densities.device, plane_tv is not None,
+    )  # fmt: skip
+    values = {name: settings[name] for name in SETTINGS}
 
     def build() -> RayLossPlan:
-        plan = RayLossPlan(*meta)
-        plan.compile_ahead(backward)
+        plan = RayLossPlan(*meta, **values)
+        plan.compile_ahead(backward_follows(densities, plane_tv))
         return plan
 
-    return _PLANS.get(meta, build)
+    return _PLANS.get((*meta, *values.values()), build)
+
+
+def ray_loss_plan(call: Call) -> RayLossPlan | _ContiguousCopyPlan | None:
+    """The plan of a validated call (``None``: the reference runs it)."""
+    plan = _plan(call.tensors, call.settings)
+    if plan is None or all(call[n].is_contiguous() for n in ("densities", "steps", "target")):
+        return plan
+    return _ContiguousCopyPlan(plan)
+
+
+def ray_loss_backward_plan(named: Mapping[str, Any]) -> RayLossPlan | None:
+    """The plan of the backward op, from the saved tensors and the settings by name."""
+    return _plan(named, named)

@@ -1,124 +1,99 @@
-"""``ray_loss`` as the custom ops ``tomo_kplanes::ray_loss`` and its backward (fake and autograd
-registrations included), and the same kernels as an eager autograd node."""
+"""``ray_loss``'s declaration: from it ``triton_dispatch`` derives the custom ops
+``tomo_kplanes::ray_loss`` and ``..._backward`` (fakes and autograd included), the eager autograd
+path, the plan cache, the reference route and the argument checks."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from triton_dispatch.compile_ahead import backward_follows
+from triton_dispatch.declaration import Call, OpDeclaration, SettingSpec, TensorSpec
+
+from .kernels import ray_loss_backward_plan, ray_loss_plan
+from .reference import ray_loss_reference
+
+_FLOATS = (torch.float32, torch.float64)
 
 
-def kernels_for(tensors, settings):
-    from .kernels import plan_for
+def _rank(n: int):
+    return lambda shape: len(shape) == n
 
-    densities, points, _, _, plane_tv = tensors
+
+def _samples(shape) -> bool:
+    return len(shape) == 3 and shape[2] == 3
+
+
+def _finite(name: str, default: float, *, nonnegative: bool = False) -> SettingSpec:
+    if nonnegative:
+        return SettingSpec(
+            name, float, default, valid=lambda v: math.isfinite(v) and v >= 0,
+            expected="a finite number >= 0",
+        )  # fmt: skip
+    return SettingSpec(name, float, default, valid=math.isfinite, expected="a finite number")
+
+
+def _check(call: Call) -> None:
+    """The sizes that follow from each other, one dtype, and a step for the taps."""
+    densities, points = call["densities"], call["points"]
     b, s = points.shape[0], points.shape[1]
-    taps = (densities.shape[0] - b * s) // 4
-    return plan_for(
-        b, s, taps, points.stride(), densities.dtype, densities.device, plane_tv is not None,
-        *settings, backward=backward_follows(densities, plane_tv),
-    )  # fmt: skip
-
-
-class EagerRayLoss(torch.autograd.Function):
-    """The registered op's forward and backward without the custom-op dispatch."""
-
-    @staticmethod
-    def forward(ctx, densities, points, steps, target, plane_tv, kernels):
-        total, terms, resid = kernels.forward(densities, points, steps, target, plane_tv)
-        ctx.mark_non_differentiable(resid)
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(densities, points, steps, resid)
-        ctx.kernels = kernels
-        ctx.has_plane_tv = plane_tv is not None
-        return total, terms, resid
-
-    @staticmethod
-    def backward(ctx, grad_total, grad_terms, _grad_resid):
-        densities, points, steps, resid = ctx.saved_tensors
-        if grad_total is None:
-            grad_total = torch.zeros((), dtype=densities.dtype, device=densities.device)
-        grad, grad_plane = ctx.kernels.backward(
-            grad_total, grad_terms, densities, points, steps, resid, ctx.has_plane_tv
+    for name in ("steps", "target"):
+        if call[name].shape[0] != b:
+            raise ValueError(
+                f"{name} must have shape (B,) = ({b},) like points, got {tuple(call[name].shape)}"
+            )
+    if densities.shape[0] < b * s or (densities.shape[0] - b * s) % 4:
+        raise ValueError(
+            f"densities must have shape (B·S + 4·M,) with B·S = {b * s} from points, "
+            f"got {tuple(densities.shape)}"
         )
-        return grad, None, None, None, grad_plane, None
+    shared = [call[n] for n in ("densities", "points", "steps", "target")]
+    if len({t.dtype for t in shared}) != 1:
+        raise TypeError(
+            "densities, points, steps and target must share one dtype, got "
+            + ", ".join(str(t.dtype) for t in shared)
+        )
+    if densities.shape[0] > b * s and call["tv_step"] <= 0:
+        raise ValueError(f"tv_step must be > 0 when densities hold taps, got {call['tv_step']}")
 
 
-def pack_settings(settings) -> tuple[list[float], list[bool]]:
-    """The settings as the custom ops take them: ``[tv_step, volume_tv_weight, plane_tv_weight,
-    shrinkage]`` and ``[positivity, mask_out_of_bounds]``."""
-    tv_step, volume_w, plane_w, positivity, shrinkage, mask = settings
-    return [tv_step, volume_w, plane_w, shrinkage], [positivity, mask]
-
-
-def _unpack(scalars, flags) -> tuple:
-    tv_step, volume_w, plane_w, shrinkage = scalars
-    return (tv_step, volume_w, plane_w, flags[0], shrinkage, flags[1])
-
-
-@torch.library.custom_op("tomo_kplanes::ray_loss", mutates_args=())
-def ray_loss_op(
-    densities: torch.Tensor,
-    points: torch.Tensor,
-    steps: torch.Tensor,
-    target: torch.Tensor,
-    plane_tv: torch.Tensor | None,
-    scalars: list[float],
-    flags: list[bool],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    tensors = (densities, points, steps, target, plane_tv)
-    return kernels_for(tensors, _unpack(scalars, flags)).forward(*tensors)
-
-
-@ray_loss_op.register_fake
-def _(densities, points, steps, target, plane_tv, scalars, flags):
+def _fake(densities, points, steps, target, plane_tv, **settings):
     new = densities.new_empty
     return new(()), new(3), new(points.shape[0])
 
 
-@torch.library.custom_op("tomo_kplanes::ray_loss_backward", mutates_args=())
-def _ray_loss_backward_op(
-    grad_total: torch.Tensor,
-    grad_terms: torch.Tensor | None,
-    densities: torch.Tensor,
-    points: torch.Tensor,
-    steps: torch.Tensor,
-    resid: torch.Tensor,
-    has_plane_tv: bool,
-    scalars: list[float],
-    flags: list[bool],
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # the plan depends on whether there is a plane TV, not on its value
-    plane_tv = densities.new_empty(()) if has_plane_tv else None
-    kernels = kernels_for((densities, points, steps, None, plane_tv), _unpack(scalars, flags))
-    grad, grad_plane = kernels.backward(
-        grad_total, grad_terms, densities, points, steps, resid, has_plane_tv
-    )
-    return grad, grad_plane if grad_plane is not None else densities.new_zeros(())
-
-
-@_ray_loss_backward_op.register_fake
-def _(grad_total, grad_terms, densities, *rest):
+def _backward_fake(grad_total, grad_terms, densities, points, steps, plane_tv, resid, **settings):
     return torch.empty_like(densities), densities.new_empty(())
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    densities, points, steps, _, plane_tv, scalars, flags = inputs
-    ctx.mark_non_differentiable(output[2])
-    ctx.set_materialize_grads(False)
-    ctx.save_for_backward(densities, points, steps, output[2])
-    ctx.packed = (scalars, flags)
-    ctx.has_plane_tv = plane_tv is not None
-
-
-def _backward(ctx, grad_total, grad_terms, _grad_resid):
-    densities, points, steps, resid = ctx.saved_tensors
-    if grad_total is None:
-        grad_total = torch.zeros((), dtype=densities.dtype, device=densities.device)
-    grad, grad_plane = _ray_loss_backward_op(
-        grad_total, grad_terms, densities, points, steps, resid, ctx.has_plane_tv, *ctx.packed
-    )
-    return grad, None, None, None, (grad_plane if ctx.has_plane_tv else None), None, None
-
-
-ray_loss_op.register_autograd(_backward, setup_context=_setup_context)
+RAY_LOSS = OpDeclaration(
+    "tomo_kplanes::ray_loss",
+    inputs=[
+        TensorSpec("densities", _FLOATS, "(B·S + 4·M,)", fits=_rank(1)),
+        TensorSpec("points", _FLOATS, "(B, S, 3)", fits=_samples, differentiable=False),
+        TensorSpec("steps", _FLOATS, "(B,)", fits=_rank(1), differentiable=False),
+        TensorSpec("target", _FLOATS, "(B,)", fits=_rank(1), differentiable=False),
+        TensorSpec("plane_tv", _FLOATS, "() (a 0-d tensor)", fits=_rank(0), optional=True),
+    ],
+    settings=[
+        _finite("tv_step", 1.0),
+        _finite("volume_tv_weight", 0.0),
+        _finite("plane_tv_weight", 0.0),
+        SettingSpec("positivity", bool, True),
+        _finite("shrinkage", 0.0, nonnegative=True),
+        SettingSpec("mask_out_of_bounds", bool, True),
+    ],
+    check=_check,
+    # the residuals of the line integrals are the backward's, not the caller's
+    outputs=("total", "terms", "resid"),
+    returns=("total", "terms"),
+    # plane_tv only says whether there is one (the backward plan's weight store depends on it)
+    saved=("densities", "points", "steps", "plane_tv", "resid"),
+    # the plan binds the points' strides
+    keep_strides=("points",),
+    reference=ray_loss_reference,
+    plan=ray_loss_plan,
+    fake=_fake,
+    backward_fake=_backward_fake,
+    backward_plan=ray_loss_backward_plan,
+)

@@ -16,7 +16,7 @@ from triton_dispatch import autotune, config_space
 from triton_dispatch.compile_ahead import backward_follows
 from triton_dispatch.launch import KernelLaunch, PlanCache
 
-from .forward import bound_arguments
+from .forward import bound_arguments, forward_plan
 from .sampling import (
     rotated_coordinates,
     sample_plane_with_slopes,
@@ -116,7 +116,7 @@ def _backward_kernel(
         g2 = g * s0 * s1
 
         gbase = grad_planes_ptr + 3 * t * stride_glp
-        # grad_planes shares the planes' strides (see backward_triton), so texel offsets carry over
+        # grad_planes shares the planes' strides (see BackwardPlan), so texel offsets carry over
         if RUNS:
             r_t = rot_ptr + t * stride_rt
             ux, uy, uz, uvalid, _, _, _, _, _, _, _, _, _ = rotated_coordinates(
@@ -280,39 +280,29 @@ def compile_backward_ahead(plans, points, rotations, planes) -> None:
         plan.launch.compile_ahead(*(plan.dtype,) * 7)
 
 
-def backward_triton(
-    grad_out: torch.Tensor,
-    points: torch.Tensor,
-    rotations: torch.Tensor,
-    planes: torch.Tensor,
-    coordinate_grad: bool,
-    grad_planes: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(grad_points, grad_rotations, grad_planes)``. With ``coordinate_grad=False`` the first two
-    are zeros (nothing upstream needs them). ``grad_planes`` as in :class:`BackwardPlan`."""
-    plan = backward_plan(points, rotations, planes, coordinate_grad)
-    grad_points, grad_rot, grad_planes = plan(
-        grad_out.contiguous(), points, rotations, planes, grad_planes
-    )
-    if grad_points is None:
-        grad_points = torch.zeros((points.shape[0], 3), dtype=planes.dtype, device=planes.device)
-        grad_rot = torch.zeros(rotations.shape, dtype=planes.dtype, device=planes.device)
-    return grad_points, grad_rot, grad_planes
+class FeaturesPlan:
+    """The forward launch and the two backward launches (with and without the coordinate
+    gradients) of one kind of call, bound once."""
+
+    def __init__(self, points, rotations, planes) -> None:
+        self.forward = forward_plan(points, rotations, planes)
+        self.backward_plans = {
+            need: backward_plan(points, rotations, planes, need) for need in (False, True)
+        }
+
+    def backward(self, grad_out, points, rotations, planes, needs, grad_planes=None):
+        """``(grad_points, grad_rotations, grad_planes)`` of a contiguous ``grad_out``; the first
+        two are ``None`` where ``needs`` asks for neither (the kernel then skips them).
+        ``grad_planes`` as in :class:`BackwardPlan`."""
+        coordinate_grad = bool(needs[0] or needs[1])
+        plan = self.backward_plans[coordinate_grad]
+        if plan.runs != PRE_REDUCE_RUNS:  # switched since the plan was made
+            plan = backward_plan(points, rotations, planes, coordinate_grad)
+        return plan(grad_out, points, rotations, planes, grad_planes)
 
 
-def eager_input_grads(plans, needs, grad_out, points, rotations, planes, grad_planes=None):
-    """The gradients of ``(points, rotations, planes)`` that ``needs`` (``ctx.needs_input_grad``)
-    asks for, ``None`` for the others, from ``plans`` (by ``coordinate_grad``, as made when the
-    forward ran). ``grad_planes`` as in :class:`BackwardPlan`."""
-    need_points, need_rotations, _ = needs
-    coordinate_grad = bool(need_points or need_rotations)
-    plan = plans[coordinate_grad]
-    if plan.runs != PRE_REDUCE_RUNS:  # switched since the plan was made
-        plan = backward_plan(points, rotations, planes, coordinate_grad)
-    grads = plan(grad_out.contiguous(), points, rotations, planes, grad_planes)
-    return needed(grads, needs)
-
-
-def needed(grads, needs):
-    """``grads`` with ``None`` where ``needs`` is false (autograd takes no gradient there)."""
-    return tuple(g if need else None for g, need in zip(grads, needs))
+def features_plan(points, rotations, planes) -> FeaturesPlan:
+    """The plan of validated inputs, its backward compiled ahead where one will follow."""
+    plan = FeaturesPlan(points, rotations, planes)
+    compile_backward_ahead(plan.backward_plans, points, rotations, planes)
+    return plan

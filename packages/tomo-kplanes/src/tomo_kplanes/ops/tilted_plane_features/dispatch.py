@@ -1,15 +1,10 @@
-"""``tilted_plane_features``: the backend choice and the plan cache of eager calls."""
+"""``tilted_plane_features``: the public function over the declared op."""
 
 from __future__ import annotations
 
 import torch
 
-from triton_dispatch import uses_triton
-from triton_dispatch.launch import PlanCache, call_key
-
-from .op import EagerFeatures
-from .reference import tilted_plane_features_reference
-from .validation import check_features
+from .op import TILTED_PLANE_FEATURES
 
 
 def tilted_plane_features(
@@ -42,39 +37,4 @@ def tilted_plane_features(
         TypeError: non-float, mismatched, or other than float32/float64 dtypes (on every backend).
         ValueError: wrong shapes or tensors on different devices.
     """
-    if not torch.compiler.is_compiling():
-        key = plan_key(points, rotations, planes, backend)
-        if key is not None:
-            plan = _PLANS.get(key, lambda: _plan(points, rotations, planes, backend))
-            return plan(points, rotations, planes)
-    if not uses_triton(check_features(points, rotations, planes, backend)):
-        return tilted_plane_features_reference(points, rotations, planes)
-    return torch.ops.tomo_kplanes.tilted_plane_features(points, rotations, planes)
-
-
-_PLANS: PlanCache = PlanCache("tomo_kplanes.tilted_plane_features")
-
-
-def plan_key(points, rotations, planes, backend):
-    tensors = (points, rotations, planes)
-    if not all(isinstance(t, torch.Tensor) for t in tensors):
-        return None
-    # the kernels' plans depend on every stride (channels-last planes are not "contiguous")
-    strides = tuple(t.stride() for t in tensors)
-    return call_key(tensors, strides, backend, torch.is_grad_enabled())
-
-
-def _plan(points, rotations, planes, backend):
-    if not uses_triton(check_features(points, rotations, planes, backend)):
-        return tilted_plane_features_reference
-    from .backward import backward_plan, compile_backward_ahead
-    from .forward import forward_plan
-
-    forward = forward_plan(points, rotations, planes)
-    backward = {need: backward_plan(points, rotations, planes, need) for need in (False, True)}
-    compile_backward_ahead(backward, points, rotations, planes)
-
-    def run(points, rotations, planes):
-        return EagerFeatures.apply(points, rotations, planes, forward, backward)
-
-    return run
+    return TILTED_PLANE_FEATURES(points, rotations, planes, backend=backend)

@@ -102,10 +102,3 @@ def forward_plan(
         rotations.stride(), planes.stride(), planes.dtype, planes.device,
     )  # fmt: skip
     return _PLANS.get(meta, lambda: ForwardPlan(*meta))
-
-
-def forward_triton(
-    points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor
-) -> torch.Tensor:
-    """Launch the forward; inputs are validated by the caller."""
-    return forward_plan(points, rotations, planes)(points, rotations, planes)

@@ -1,61 +1,59 @@
-"""``tilted_plane_features`` as the custom ops ``tomo_kplanes::tilted_plane_features`` and its
-backward (fake and autograd registrations included), and the same kernels as an eager autograd
-node."""
+"""``tilted_plane_features``' declaration: from it ``triton_dispatch`` derives the custom ops
+``tomo_kplanes::tilted_plane_features`` and ``..._backward`` (fakes and autograd included), the
+eager autograd path, the plan cache, the reference route and the argument checks."""
 
 from __future__ import annotations
 
 import torch
 
+from triton_dispatch.declaration import Call, OpDeclaration, TensorSpec
 
-class EagerFeatures(torch.autograd.Function):
-    """The registered op's forward and backward for eager calls, without the custom-op dispatch."""
+from .backward import features_plan
+from .reference import tilted_plane_features_reference
 
-    @staticmethod
-    def forward(ctx, points, rotations, planes, forward, backward):
-        ctx.save_for_backward(points, rotations, planes)
-        ctx.backward_plans = backward
-        return forward(points, rotations, planes)
+_FLOATS = (torch.float32, torch.float64)
+_FLOATING = "a float32 or float64 (floating-point) tensor"
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        from .backward import eager_input_grads
+#: the arguments, shared with ``tilted_plane_features_with_tv``
+INPUTS = (
+    TensorSpec(
+        "points", _FLOATS, "(N, 3)", fits=lambda s: len(s) == 2 and s[1] == 3,
+        dtypes_expected=_FLOATING,
+    ),
+    TensorSpec(
+        "rotations", _FLOATS, "(T, 3, 3) with T >= 1",
+        fits=lambda s: len(s) == 3 and tuple(s[1:]) == (3, 3) and s[0] >= 1,
+        dtypes_expected=_FLOATING,
+    ),
+    TensorSpec(
+        "planes", _FLOATS, "(3T, C, H, W)", fits=lambda s: len(s) == 4, dtypes_expected=_FLOATING
+    ),
+)  # fmt: skip
 
-        points, rotations, planes = ctx.saved_tensors
-        grads = eager_input_grads(
-            ctx.backward_plans, ctx.needs_input_grad[:3], grad_out, points, rotations, planes
+
+def check(call: Call) -> None:
+    """The planes' count against the rotations', their sizes, one dtype for all three."""
+    points, rotations, planes = call["points"], call["rotations"], call["planes"]
+    t = rotations.shape[0]
+    if planes.shape[0] != 3 * t:
+        raise ValueError(
+            f"planes must have shape (3T, C, H, W) = ({3 * t}, C, H, W) for T={t} rotations, "
+            f"got {tuple(planes.shape)}"
         )
-        return (*grads, None, None)
+    if min(planes.shape[1:]) < 1:
+        raise ValueError(f"planes needs C, H, W >= 1, got {tuple(planes.shape)}")
+    if not (points.dtype == rotations.dtype == planes.dtype):
+        raise TypeError(
+            "points, rotations and planes must share one dtype, got "
+            f"{points.dtype}, {rotations.dtype}, {planes.dtype}"
+        )
 
 
-@torch.library.custom_op("tomo_kplanes::tilted_plane_features", mutates_args=())
-def _features_op(
-    points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor
-) -> torch.Tensor:
-    from .forward import forward_triton
-
-    return forward_triton(points, rotations, planes)
-
-
-@_features_op.register_fake
-def _(points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor) -> torch.Tensor:
+def features_fake(points, rotations, planes) -> torch.Tensor:
     return planes.new_empty((points.shape[0], rotations.shape[0] * planes.shape[1]))
 
 
-@torch.library.custom_op("tomo_kplanes::tilted_plane_features_backward", mutates_args=())
-def _features_backward_op(
-    grad_out: torch.Tensor,
-    points: torch.Tensor,
-    rotations: torch.Tensor,
-    planes: torch.Tensor,
-    coordinate_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from .backward import backward_triton
-
-    return backward_triton(grad_out, points, rotations, planes, coordinate_grad)
-
-
-@_features_backward_op.register_fake
-def _(grad_out, points, rotations, planes, coordinate_grad):
+def input_grads_fake(points, rotations, planes) -> tuple[torch.Tensor, ...]:
     return (
         points.new_empty(points.shape),
         rotations.new_empty(rotations.shape),
@@ -63,20 +61,21 @@ def _(grad_out, points, rotations, planes, coordinate_grad):
     )
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    points, rotations, planes = inputs
-    ctx.save_for_backward(points, rotations, planes)
-
-
-def _backward(ctx, grad_out):
-    from .backward import needed
-
-    points, rotations, planes = ctx.saved_tensors
-    need_points, need_rotations, _ = ctx.needs_input_grad
-    grads = torch.ops.tomo_kplanes.tilted_plane_features_backward(
-        grad_out.contiguous(), points, rotations, planes, bool(need_points or need_rotations)
-    )
-    return needed(grads, ctx.needs_input_grad)
-
-
-_features_op.register_autograd(_backward, setup_context=_setup_context)
+TILTED_PLANE_FEATURES = OpDeclaration(
+    "tomo_kplanes::tilted_plane_features",
+    inputs=INPUTS,
+    check=check,
+    outputs=("features",),
+    returns=("features",),
+    saved=("points", "rotations", "planes"),
+    # the plans bind every stride (channels-last planes, strided points)
+    keep_strides=("points", "rotations", "planes"),
+    # without the points' and rotations' gradients the kernel skips their reductions
+    backward_needs=True,
+    reference=tilted_plane_features_reference,
+    plan=lambda call: features_plan(call["points"], call["rotations"], call["planes"]),
+    fake=features_fake,
+    backward_fake=lambda grad, points, rotations, planes, needs: input_grads_fake(
+        points, rotations, planes
+    ),
+)

@@ -8,9 +8,10 @@ Here the plane TV's backward kernel writes its gradient into the buffer and the 
 adds its atomics on top, so the planes' gradient costs one plane-sized write instead.
 
 The kernels are the two ops' own. The values are theirs; the planes' gradient is theirs up to the
-order of the fp32 additions. Where the fold cannot apply (the PyTorch backend, a plane layout one
-of the two kernels would copy first) it is the two ops called one after the other. Eager calls run
-an ``autograd.Function`` over cached plans; under ``torch.compile`` the custom op
+order of the fp32 additions. Where the fold cannot apply it is the two ops side by side: their
+references on the PyTorch backend, their kernels with the two plane gradients added for a plane
+layout one of them would copy first. The op is declared once (``op.py``): eager calls run an
+``autograd.Function`` over cached plans; under ``torch.compile`` the custom op
 ``tomo_kplanes::tilted_plane_features_with_tv`` (fake and autograd registrations included).
 """
 

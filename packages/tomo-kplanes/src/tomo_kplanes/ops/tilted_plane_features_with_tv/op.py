@@ -1,95 +1,41 @@
-"""``tilted_plane_features_with_tv`` as the custom ops
-``tomo_kplanes::tilted_plane_features_with_tv`` and its backward (fake and autograd registrations
-included), and the same kernels as an eager autograd node."""
+"""``tilted_plane_features_with_tv``'s declaration: from it ``triton_dispatch`` derives the custom
+ops ``tomo_kplanes::tilted_plane_features_with_tv`` and ``..._backward`` (fakes and autograd
+included), the eager autograd path, the plan cache, the reference route and the argument checks."""
 
 from __future__ import annotations
 
-import torch
+from triton_dispatch.declaration import Call, OpDeclaration
+
+from ..plane_tv.op import PLANES
+from ..tilted_plane_features.op import INPUTS, features_fake, input_grads_fake
+from ..tilted_plane_features.op import check as check_features
+from .plan import features_with_tv_plan
+from .reference import tilted_plane_features_with_tv_reference
 
 
-class EagerFeaturesWithTV(torch.autograd.Function):
-    """The registered op's forward and backward for eager calls, without the custom-op dispatch."""
-
-    @staticmethod
-    def forward(ctx, points, rotations, planes, forward, backward, tv):
-        ctx.save_for_backward(points, rotations, planes)
-        ctx.backward_plans, ctx.tv = backward, tv
-        # an output nobody differentiates arrives as None: no zero tensor made up for it
-        ctx.set_materialize_grads(False)
-        return forward(points, rotations, planes), tv.forward(planes)
-
-    @staticmethod
-    def backward(ctx, grad_features, grad_tv):
-        from ..tilted_plane_features.backward import eager_input_grads
-
-        points, rotations, planes = ctx.saved_tensors
-        needs = ctx.needs_input_grad[:3]
-        grad_planes = None
-        if needs[2] and grad_tv is not None:
-            grad_planes = ctx.tv.grad(planes, grad_tv)
-        if grad_features is None:
-            return None, None, grad_planes, None, None, None
-        grads = eager_input_grads(
-            ctx.backward_plans, needs, grad_features, points, rotations, planes, grad_planes
-        )
-        return (*grads, None, None, None)
+def _check(call: Call) -> None:
+    check_features(call)
+    PLANES.check(call["planes"])  # H, W >= 2, refused as plane_tv refuses them
 
 
-@torch.library.custom_op("tomo_kplanes::tilted_plane_features_with_tv", mutates_args=())
-def _features_with_tv_op(
-    points: torch.Tensor, rotations: torch.Tensor, planes: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    from ..plane_tv.kernels import plan_for
-    from ..tilted_plane_features.forward import forward_triton
-
-    return forward_triton(points, rotations, planes), plan_for(planes).forward(planes)
-
-
-@_features_with_tv_op.register_fake
-def _(points, rotations, planes):
-    features = planes.new_empty((points.shape[0], rotations.shape[0] * planes.shape[1]))
-    return features, planes.new_empty(())
-
-
-@torch.library.custom_op("tomo_kplanes::tilted_plane_features_with_tv_backward", mutates_args=())
-def _features_with_tv_backward_op(
-    grad_out: torch.Tensor,
-    grad_tv: torch.Tensor,
-    points: torch.Tensor,
-    rotations: torch.Tensor,
-    planes: torch.Tensor,
-    coordinate_grad: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    from ..plane_tv.kernels import plan_for
-    from ..tilted_plane_features.backward import backward_triton
-
-    grad_planes = plan_for(planes).grad(planes, grad_tv)
-    return backward_triton(grad_out, points, rotations, planes, coordinate_grad, grad_planes)
-
-
-@_features_with_tv_backward_op.register_fake
-def _(grad_out, grad_tv, points, rotations, planes, coordinate_grad):
-    return (
-        points.new_empty(points.shape),
-        rotations.new_empty(rotations.shape),
-        torch.empty_like(planes),
-    )
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs)
-
-
-def _backward(ctx, grad_out, grad_tv):
-    from ..tilted_plane_features.backward import needed
-
-    points, rotations, planes = ctx.saved_tensors
-    need_points, need_rotations, _ = ctx.needs_input_grad
-    grads = torch.ops.tomo_kplanes.tilted_plane_features_with_tv_backward(
-        grad_out.contiguous(), grad_tv, points, rotations, planes,
-        bool(need_points or need_rotations),
-    )  # fmt: skip
-    return needed(grads, ctx.needs_input_grad)
-
-
-_features_with_tv_op.register_autograd(_backward, setup_context=_setup_context)
+TILTED_PLANE_FEATURES_WITH_TV = OpDeclaration(
+    "tomo_kplanes::tilted_plane_features_with_tv",
+    inputs=INPUTS,
+    check=_check,
+    outputs=("features", "tv"),
+    returns=("features", "tv"),
+    saved=("points", "rotations", "planes"),
+    # the plans bind every stride (channels-last planes, strided points)
+    keep_strides=("points", "rotations", "planes"),
+    # without the points' and rotations' gradients the features' kernel skips their reductions
+    backward_needs=True,
+    reference=tilted_plane_features_with_tv_reference,
+    plan=lambda call: features_with_tv_plan(call["points"], call["rotations"], call["planes"]),
+    fake=lambda points, rotations, planes: (
+        features_fake(points, rotations, planes),
+        planes.new_empty(()),
+    ),
+    backward_fake=lambda grad_features, grad_tv, points, rotations, planes, needs: input_grads_fake(
+        points, rotations, planes
+    ),
+)

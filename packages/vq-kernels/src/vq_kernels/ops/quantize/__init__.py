@@ -2,6 +2,5 @@
 
 from .dispatch import quantize
 from .reference import METRICS
-from .validation import check_search
 
-__all__ = ["METRICS", "check_search", "quantize"]
+__all__ = ["METRICS", "quantize"]

@@ -260,3 +260,31 @@ def nearest_code(
     )  # fmt: skip
     plan = _PLANS.get(meta, lambda: NearestCodePlan(*meta[:-1]))
     return plan(x, codebook, norms)
+
+
+class NearestCodeSearch:
+    """The plan of ``vq_kernels::nearest_code`` for one kind of one-nearest search: the codebook
+    cast to x's dtype, its norms, and the launch, whose own plan follows each call's strides and
+    the TF32 setting."""
+
+    def __init__(self, metric: str, cast: bool) -> None:
+        self.metric, self.cast = metric, cast
+
+    def forward(self, x: torch.Tensor, codebook: torch.Tensor) -> torch.Tensor:
+        cb = codebook.to(x.dtype) if self.cast else codebook
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        if cb.stride(-1) != 1:
+            cb = cb.contiguous()
+        # One launch for the per-code term; the kernel turns ‖c‖ into ‖c‖² or 1/‖c‖.
+        norms = torch.linalg.vector_norm(cb, dim=-1, dtype=torch.float32)
+        return nearest_code(x, cb, norms, self.metric)
+
+
+def nearest_code_plan(call) -> NearestCodeSearch | None:
+    """The plan of a validated ``nearest_code`` call, or ``None`` where the reference runs it:
+    ``k > 1`` (a chunked PyTorch search), float64 and empty batches."""
+    x, codebook = call["x"], call["codebook"]
+    if call["k"] != 1 or x.dtype == torch.float64 or x.shape[0] == 0:
+        return None
+    return NearestCodeSearch(call["metric"], codebook.dtype != x.dtype)

@@ -1,24 +1,14 @@
-"""``residual_quantize``: the result type, the plan cache and the eager plans."""
+"""``residual_quantize``: the result type and the public function over the declared op
+(``op.py``), which flattens ``x``'s leading dimensions."""
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import NamedTuple
 
 import torch
 
-from triton_dispatch import uses_triton
-from triton_dispatch.compile_ahead import backward_follows
-from triton_dispatch.launch import PlanCache, call_key
-
-from .op import (
-    ResidualQuantizeFunction,
-    residual_backward,
-    residual_forward,
-    residual_quantize_op,
-)
-from .validation import check_residual_quantize
+from .._validation import rows_of
+from .op import RESIDUAL_QUANTIZE
 
 
 class ResidualQuantized(NamedTuple):
@@ -69,91 +59,12 @@ def residual_quantize(
     pointwise launch. fp64 and the ``"torch"`` backend run the reference. Nothing synchronises
     with the host, so a training step around it can be captured as a CUDA graph.
     """
-    if not torch.compiler.is_compiling():
-        key = call_key((x, codebooks), metric, commitment_weight, codebook_weight, backend)
-        if key is not None:
-            plan = _PLANS.get(
-                key,
-                lambda: _plan(x, codebooks, metric, commitment_weight, codebook_weight, backend),
-            )
-            return plan(x, codebooks)
-    return _residual_quantize(x, codebooks, metric, commitment_weight, codebook_weight, backend)
-
-
-_PLANS: PlanCache = PlanCache("vq_kernels.residual_quantize")
-
-
-def _result(outputs, lead, dim, levels) -> ResidualQuantized:
-    quantized, codes, level_codes, residuals, loss = outputs
-    return ResidualQuantized(
-        quantized.view(*lead, dim), codes.view(*lead, levels), loss, residuals[:levels], level_codes
-    )
-
-
-def _residual_quantize(x, codebooks, metric, commitment_weight, codebook_weight, backend):
-    """The uncached path (traced calls, and calls the plan key cannot describe)."""
-    chosen = check_residual_quantize(
-        x, codebooks, metric, commitment_weight, codebook_weight, backend
-    )
-    dim, levels = x.shape[-1], codebooks.shape[0]
-    outputs = residual_quantize_op(
-        x.reshape(x.shape[:-1].numel(), dim), codebooks, metric, float(commitment_weight),
-        float(codebook_weight), chosen,
+    flat = rows_of(x)
+    quantized, codes, level_codes, residuals, loss = RESIDUAL_QUANTIZE(
+        flat, codebooks, metric=metric, commitment_weight=commitment_weight,
+        codebook_weight=codebook_weight, backend=backend,
     )  # fmt: skip
-    return _result(outputs, x.shape[:-1], dim, levels)
-
-
-def _plan(x, codebooks, metric, commitment_weight, codebook_weight, backend):
-    """The eager plan of a validated call: the fused launch bound when it serves these sizes, the
-    autograd node, the backward's kernel."""
-    chosen = check_residual_quantize(
-        x, codebooks, metric, commitment_weight, codebook_weight, backend
-    )
-    commitment_weight, codebook_weight = float(commitment_weight), float(codebook_weight)
-    lead, dim = x.shape[:-1], x.shape[-1]
-    levels, num_codes = codebooks.shape[:2]
-    batch = math.prod(lead)
-    numel = max(batch * dim, 1)
-    dtype, device = x.dtype, x.device
-    contiguous = x.is_contiguous()
-    kernels = uses_triton(chosen) and dtype != torch.float64 and batch * dim > 0
-    grad_plan = None
-    forward = functools.partial(
-        residual_forward, metric=metric, commitment_weight=commitment_weight,
-        codebook_weight=codebook_weight, backend=chosen,
-    )  # fmt: skip
-    if kernels:
-        from .kernels import ResidualGradPlan, fused_fits, residual_quantize_fused
-
-        grad_plan = ResidualGradPlan(batch, dim, levels, device, 2.0 * commitment_weight / numel)
-        if backward_follows(x, codebooks):
-            grad_plan.compile_ahead(dtype)
-        if fused_fits(batch, num_codes, levels, device):
-            cast = codebooks.dtype != dtype
-            contiguous_codebooks = codebooks.is_contiguous()
-            scale = (commitment_weight + codebook_weight) / numel
-
-            def forward(x2, codebooks):
-                cb = codebooks.detach()
-                if cast:
-                    cb = cb.to(dtype)
-                if not contiguous_codebooks:
-                    cb = cb.contiguous()
-                norms = torch.linalg.vector_norm(cb, dim=-1, dtype=torch.float32)
-                return residual_quantize_fused(x2.detach(), cb, norms, metric, scale)
-
-    backward = functools.partial(
-        residual_backward, commitment_weight=commitment_weight, codebook_weight=codebook_weight,
-        codebooks_shape=tuple(codebooks.shape), codebooks_dtype=codebooks.dtype,
-        grad_plan=grad_plan,
-    )  # fmt: skip
-
-    def run(x, codebooks):
-        x2 = x.view(batch, dim) if contiguous else x.reshape(batch, dim).contiguous()
-        if torch.is_grad_enabled() and (x.requires_grad or codebooks.requires_grad):
-            outputs = ResidualQuantizeFunction.apply(x2, codebooks, forward, backward)
-        else:
-            outputs = forward(x2, codebooks)
-        return _result(outputs, lead, dim, levels)
-
-    return run
+    levels = level_codes.shape[0]
+    if flat is not x:
+        quantized, codes = quantized.view_as(x), codes.view(*x.shape[:-1], levels)
+    return ResidualQuantized(quantized, codes, loss, residuals[:levels], level_codes)

@@ -95,3 +95,46 @@ def residual_vq_reference(
         codes.append(c)
     quantized = x + (total - x).detach()
     return quantized, torch.stack(codes, 1), loss
+
+
+def residual_outputs_reference(
+    x: torch.Tensor,
+    codebooks: torch.Tensor,
+    *,
+    metric: str = "l2",
+    commitment_weight: float = 1.0,
+    codebook_weight: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the op returns for ``x (N, D)``: ``(quantized, codes (N, L), level_codes (L, N),
+    residuals (L + 1, N, D), loss)``, with the values of :func:`residual_quantize_reference` and
+    :func:`residual_loss_reference` and the op's gradients under autograd: ``quantized`` passes
+    its gradient to ``x`` unchanged, the loss gives ``x`` the commitment loss's gradient and the
+    codebooks the codebook loss's; codes and residuals carry none."""
+    cb = codebooks.to(x.dtype)
+    residual = x  # r_l with x's gradient (its values: those of the detached loop)
+    total = torch.zeros_like(x.detach())
+    residuals, codes, commit, learned = [x.detach()], [], [], []
+    for level in range(cb.shape[0]):
+        c = quantize_reference(residual.detach(), cb[level].detach(), metric, 1)
+        q = F.embedding(c, cb[level])  # with the codebooks' gradient
+        learned.append(q - residuals[-1])  # q_l − sg(r_l)
+        residual = residual - q.detach()
+        commit.append(residual)  # r_l − sg(q_l) = r_{l+1}
+        total = total + q.detach()
+        residuals.append(residual.detach())
+        codes.append(c)
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    numel = max(x.numel(), 1)
+    # Each term has the value Σ_l mean(r_{l+1}²); a zero weight drops its term, so that the loss
+    # is residual_loss_reference's to the bit whenever one of the weights is 0.
+    terms = [
+        torch.stack(parts).to(dtype).square().sum() * (weight / numel)
+        for parts, weight in ((commit, commitment_weight), (learned, codebook_weight))
+        if weight != 0
+    ]
+    if not terms:
+        terms = [residual_loss_reference(torch.stack(residuals), 0.0)]
+    loss = terms[0] if len(terms) == 1 else terms[0] + terms[1]
+    codes_t = torch.stack(codes, 1)
+    quantized = x + (total - x).detach()
+    return quantized, codes_t, codes_t.T.contiguous(), torch.stack(residuals), loss
