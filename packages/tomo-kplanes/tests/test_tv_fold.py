@@ -25,16 +25,20 @@ def _grads(obj):
 
 @pytest.mark.parametrize("backend", [None, "torch"])
 def test_folded_and_two_call_paths_agree_in_loss_and_gradients(seed, backend):
-    obj = _object(seed % 2**31, backend)
+    # float64: the two paths are the same sums in another order, so they must agree to rounding;
+    # in float32 the cancellation in the rotations' gradient leaves ~1e-4 between them on some
+    # draws, which would hide a real difference
+    obj = _object(seed % 2**31, backend).double()
     geo = TiltGeometry(torch.tensor([-50.0, 0.0, 35.0]), (6, 5))
     g = torch.Generator().manual_seed(seed % 2**31)
     rays = torch.randperm(geo.num_rays, generator=g)[:12]
-    points, steps = geo.rays(rays, 7)
-    target = torch.rand(12, generator=g)
-    taps = obj.sample_tv_tap_coords(20, generator=g)
+    points, steps = (t.double() for t in geo.rays(rays, 7))
+    target = torch.rand(12, generator=g, dtype=torch.float64)
+    taps = obj.sample_tv_tap_coords(20, generator=g).double()
     # push some base points to the boundary so their +h taps leave [-1, 1]
     taps = taps.reshape(4, 20, 3)
-    taps[:, :5] += torch.tensor([1.0, 0.0, 0.0]) - taps[0, :5, 0:1] * torch.tensor([1.0, 0.0, 0.0])
+    shift = torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64)
+    taps[:, :5] += shift - taps[0, :5, 0:1] * shift
     taps = taps.reshape(-1, 3)
     assert (taps.abs() > 1).any()
     weights = LossWeights(volume_tv=0.1, plane_tv=0.01)
@@ -52,7 +56,7 @@ def test_folded_and_two_call_paths_agree_in_loss_and_gradients(seed, backend):
     assert g_fold.keys() == g_two.keys() and "field.rotation_params" in g_fold
     for name in g_fold:
         rel = (g_fold[name] - g_two[name]).norm() / g_two[name].norm().clamp_min(1e-30)
-        assert rel <= 1e-4, name
+        assert rel <= 1e-9, name
 
 
 def test_masks_and_constraints_apply_to_the_main_chunk_only():

@@ -493,3 +493,18 @@ def test_setting_type_errors_and_float_subclasses():
     assert weight.check(np.float64(0.25)) == 0.25 and type(weight.check(np.float64(1))) is float
     with pytest.raises(TypeError, match="weight must be a float, got bool"):
         weight.check(True)
+
+
+@pytest.mark.parametrize("rows", [4, 0])
+def test_traced_calls_take_the_custom_op_or_for_empty_inputs_the_reference(rows):
+    """Under ``torch.compile`` (dynamo with the eager backend: no C compiler needed) a call goes
+    through the registered custom op, and an empty one through the reference, gradients
+    included."""
+    x = _x(rows=rows, grad=True)
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def loss(x):
+        return EXP(x, None, scale=2.0).sum()
+
+    (got,) = torch.autograd.grad(loss(x), x)
+    assert_close(got, 2 * torch.exp(2 * x.detach().double()))

@@ -277,7 +277,8 @@ class OpDeclaration:
             )
         if torch.compiler.is_compiling():
             call = self.validate(tensors, backend, settings)
-            if not uses_triton(call.backend):
+            # an empty input is a call plans decline; tracing the reference keeps its autograd
+            if not uses_triton(call.backend) or _any_empty(tensors):
                 return self.reference(*tensors, **call.settings)
             return self._pick(_as_tuple(self.op(*tensors, **call.settings)))
         key = None
@@ -512,6 +513,10 @@ def _aliases(t, others) -> bool:
         return False
     ptr = t.untyped_storage().data_ptr()
     return any(o.untyped_storage().data_ptr() == ptr for o in others)
+
+
+def _any_empty(tensors) -> bool:
+    return any(t is not None and t.numel() == 0 for t in tensors)
 
 
 def _requires_grad(t) -> bool:
