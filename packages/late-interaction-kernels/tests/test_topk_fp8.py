@@ -108,15 +108,15 @@ def test_topk_ties_and_k_above_nd(rng):
 @pytest.mark.parametrize("order", ["rising", "falling", "shuffled", "equal"])
 @pytest.mark.parametrize("largest", [True, False])
 def test_running_topk_through_many_windows(order, largest, rng, monkeypatch):
-    """Small merge windows (16 offers, a ring of 4), so 150 documents fill the ring several times
-    over: rising scores offer every document (the worst order), equal scores tie everywhere (the
+    """Small merge windows (16 offers, a ring of 4), so 96 documents (six windows) fill the ring
+    and wrap it: rising scores offer every document (the worst order), equal scores tie everywhere (the
     earlier documents win), NaN scores rank as in ``torch.topk``."""
     from late_interaction_kernels.ops.maxsim_topk import dispatch as op
     from late_interaction_kernels.ops.maxsim_topk import launch
 
     monkeypatch.setattr(launch, "MIN_SORT", 32)
     monkeypatch.setattr(op, "FUSED_MAX_QUERIES", 64)
-    nq, nd = 3, 150
+    nq, nd = 2, 96
     Q = torch.rand(nq, 3, 8, generator=rng) + 0.5
     level = {
         "rising": torch.arange(nd, dtype=torch.float32),
