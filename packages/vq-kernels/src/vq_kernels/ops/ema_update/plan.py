@@ -165,7 +165,6 @@ def _grouped_plan(call: ResolvedUpdate, draw, decay: float, eps: float):
     # the layout of _group_statistics' buffer: a rank on that path (B = 0, say) joins the same
     # all-reduce
     size = lk * (2 * dim + 1)
-    level_start = torch.arange(levels, device=device)[:, None] * batch
     slots = torch.arange(num_codes, device=device, dtype=torch.int32).expand(levels, -1)
     slots = slots.contiguous()
     lead = (lambda t: t) if stacked else (lambda t: t.unsqueeze(0))
@@ -179,8 +178,7 @@ def _grouped_plan(call: ResolvedUpdate, draw, decay: float, eps: float):
         scatter(x3, lead(codes), counts, sums)
         rows = flat[lk * (dim + 1) :]
         if threshold is not None and dist.get_rank(group) == 0:
-            index = (lead(cand).long().clamp(0, batch - 1) + level_start).view(-1)
-            rows.view(lk, dim).copy_(x3.reshape(levels * batch, dim).index_select(0, index))
+            rows.view(levels, num_codes, dim).copy_(gather_replacement_rows(x3, lead(cand)))
         # synchronous: on NCCL only this stream waits for the collective, while an async work's
         # wait() measured as a host wait (the step lost its overlap of host and GPU)
         dist.all_reduce(flat, group=group)
