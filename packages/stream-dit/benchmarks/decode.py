@@ -170,7 +170,7 @@ def _e2e(args, device, dtype, cfg: bool, with_decoder: bool) -> dict:
     if with_decoder:
         vae = build_vae(args.vae, seed=0, device=device, dtype=dtype)
         mode = args.modes[-1]
-        window, batch = args.windows[0], args.batches[0]
+        window, batch = args.e2e_window or args.windows[0], args.e2e_batch or args.batches[0]
         graph_lengths = None if mode == "eager" else (window,)
         dec_engine = DecoderEngine(
             OobleckAdapter(vae), max_batch=batch, mode=mode, graph_lengths=graph_lengths
@@ -228,7 +228,8 @@ def _e2e_records(args, device, dtype, env) -> list[BenchRecord]:
                 shape={"model": "dit/tiny" if args.tiny else "ace-step/published",
                        "seconds": args.seconds, "depth": args.depth, "steps": 8, "shift": 3.0,
                        "cfg": cfg, "requests": args.requests, "dit_engine": args.dit_mode,
-                       "decoder": f"{args.modes[-1]},w{args.windows[0]},b{args.batches[0]}"},
+                       "decoder": f"{args.modes[-1]},w{args.e2e_window or args.windows[0]},"
+                                  f"b{args.e2e_batch or args.batches[0]}"},
                 baseline="the same session without the decoder (tick loop alone)",
                 baseline_ms=alone["ms_per_completion"],
                 ours_ms=both["ms_per_completion"],
@@ -261,7 +262,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="audio length (default 60)")
     parser.add_argument("--vae", default=None, help="VAE preset (default ace-step; tiny)")
     parser.add_argument(
-        "--modes", default=None, help="decoder modes (default eager,compile-graphs)"
+        "--modes",
+        default=None,
+        help="decoder modes (default eager,compile-graphs,fused-graphs; the last runs end to end)",
     )
     parser.add_argument("--windows", default="128,256", help="window lengths in frames")
     parser.add_argument("--batches", default="2,1", help="windows per decoder call")
@@ -269,6 +272,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=None, help="timed e2e requests")
     parser.add_argument("--dit-mode", default=None, help="DiT engine mode (default graphs)")
     parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--e2e-window", type=int, default=None, help="default: first of --windows")
+    parser.add_argument("--e2e-batch", type=int, default=None, help="default: first of --batches")
     parser.add_argument(
         "--cudnn-benchmark", action="store_true",
         help="let cuDNN time its convolution algorithms per shape (the full decode's too)",
@@ -281,7 +286,8 @@ def main() -> None:
         raise SystemExit("the full benchmark needs CUDA; use --tiny on the host")
     args.seconds = args.seconds or (2.0 if args.tiny else 60.0)
     args.vae = args.vae or ("tiny" if args.tiny else "ace-step")
-    args.modes = (args.modes or ("eager" if args.tiny else "eager,compile-graphs")).split(",")
+    default_modes = "eager" if args.tiny else "eager,compile-graphs,fused-graphs"
+    args.modes = (args.modes or default_modes).split(",")
     args.windows = _ints("32" if args.tiny and args.windows == "128,256" else args.windows)
     args.batches = _ints("2" if args.tiny and args.batches == "2,1" else args.batches)
     args.requests = args.requests or (2 if args.tiny else 32)

@@ -6,9 +6,14 @@ import torch
 
 pytest.importorskip("diffusers")
 
+from test_snake_conv import LAYERS, _layer, poisoned_outputs
+
 from stream_dit import Request, StreamSession, TorchEngine, build_model
 from stream_dit.decode import AudioDecoder, DecoderEngine, decode_windowed
+from stream_dit.decode.fused import FusedOobleck
 from stream_dit.decode.oobleck import OobleckAdapter, build_vae
+from stream_dit.ops.snake_conv import snake_conv
+from triton_dispatch.testing import assert_close
 
 pytestmark = pytest.mark.gpu
 
@@ -36,7 +41,7 @@ def test_published_windowed_decode_matches_full_decode_in_bf16(published):
     assert out.shape == ref.shape and err < 3e-2, err
 
 
-@pytest.mark.parametrize("mode", ["graphs", "compile", "compile-graphs"])
+@pytest.mark.parametrize("mode", ["graphs", "compile", "compile-graphs", "fused", "fused-graphs"])
 def test_engines_match_eager(published, mode):
     _, adapter = published
     eager = DecoderEngine(adapter, max_batch=2)
@@ -70,3 +75,48 @@ def test_session_decodes_on_its_own_stream_while_ticking(published):
         with torch.no_grad():
             ref = adapter(h.result.t()[None].to(torch.bfloat16))[0].float().cpu()
         assert float((h.audio - ref).abs().max()) <= 3e-2 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_snake_conv_layers_in_bf16(monkeypatch, name):
+    """Each epilogue of the layer kernel at GPU tile sizes, bf16 against the float64 spec."""
+    taps, dil, cin, cout, phases, shift, pw, res, act, store, _ = LAYERS[name]
+    wide = (
+        taps,
+        dil,
+        cin * 8,
+        min(cout * 8, 128) if pw else cout * 8,
+        phases,
+        shift,
+        pw,
+        res,
+        act,
+        store,
+        700,
+    )
+    gen = torch.Generator().manual_seed(1)
+    layer, ref_layer, x, r = _layer(gen, wide, torch.bfloat16, "cuda")
+    poisoned_outputs(monkeypatch)
+    x16 = x.to("cuda", torch.bfloat16)
+    r16 = None if r is None else r.to("cuda", torch.bfloat16)
+    got = snake_conv(x16, layer, residual=r16)
+    want = snake_conv(
+        x16.double().cpu(), ref_layer, residual=None if r16 is None else r16.double().cpu()
+    )
+    for g, w in zip(got, want):
+        if w is not None:
+            assert_close(g, w, tol=1e-2)
+
+
+def test_fused_decoder_is_closer_to_float32_than_the_bf16_adapter(published):
+    """The fused decoder's Snake runs in float32 on rounded activations: over the published VAE its
+    bf16 decode must be no further from a float32 decode than diffusers' own bf16 decode."""
+    _, adapter = published
+    z = torch.stack([_latent(146, 3), _latent(146, 4)])
+    exact = OobleckAdapter(build_vae("ace-step", seed=0, device="cuda", dtype=torch.float32))
+    with torch.no_grad(), torch.backends.cudnn.flags(allow_tf32=False):
+        want = exact(z.float())
+        peak = float(want.abs().max())
+        fused_err = float((FusedOobleck(adapter)(z).float() - want).abs().max()) / peak
+        adapter_err = float((adapter(z).float() - want).abs().max()) / peak
+    assert fused_err < 3e-2 and fused_err <= 1.1 * adapter_err, (fused_err, adapter_err)

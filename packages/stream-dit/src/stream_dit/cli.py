@@ -32,7 +32,10 @@ _VAE_HELP = (
 
 def _decoder_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vae", choices=VAES, default="auto", help=_VAE_HELP)
-    p.add_argument("--decoder-mode", choices=DECODER_MODES, default="eager")
+    p.add_argument(
+        "--decoder-mode", choices=("auto", *DECODER_MODES), default="auto",
+        help="auto: the fused Triton decoder in CUDA graphs on a GPU, eager elsewhere",
+    )  # fmt: skip
     p.add_argument(
         "--decode-window", type=int, default=128, help="latent frames per decoder window"
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from typing import Literal
 
 import torch
 
@@ -34,7 +35,7 @@ def build_audio_decoder(
     seed: int = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
-    mode: DecoderMode = "eager",
+    mode: DecoderMode | Literal["auto"] = "eager",
     window: int = 128,
     context: int | None = None,
     crossfade: int = 1,
@@ -46,6 +47,9 @@ def build_audio_decoder(
 
     ``latent_channels`` (the denoiser's) sizes the ``tiny`` VAE's input; ``auto`` falls back to
     that tiny VAE when the model's own would not take its latents (a tiny test model).
+
+    ``mode`` is a :class:`DecoderEngine` mode, or ``"auto"``: ``"fused-graphs"`` (the Triton
+    decoder in CUDA graphs) on a CUDA device, ``"eager"`` elsewhere.
 
     Raises:
         ValueError: an unknown ``vae``. ImportError: a named VAE without the diffusers extra.
@@ -67,6 +71,8 @@ def build_audio_decoder(
         # a named published VAE keeps its own input; the session then refuses the mismatch
         preset_of = dataclasses.replace(VAE_PRESETS["tiny"], decoder_input_channels=latent_channels)
     adapter = build_decoder(preset_of, seed=seed, device=device, dtype=dtype)
+    if mode == "auto":
+        mode = "fused-graphs" if adapter.device.type == "cuda" else "eager"
     graph_lengths = None if mode == "eager" else (window,)
     engine = DecoderEngine(adapter, max_batch=batch_windows, mode=mode, graph_lengths=graph_lengths)
     return AudioDecoder(engine, window=window, context=context, crossfade=crossfade)

@@ -1,0 +1,131 @@
+"""Triton kernel: one convolution layer of a Snake-activated decoder as an implicit GEMM over
+channels-last activations, with the layer's neighbours folded into its epilogue.
+
+A program computes a ``BLOCK_M × BLOCK_N`` tile of ``y[q, j] = Σ_tap Σ_c x[q + tap·DIL − PAD, c] ·
+w[tap, c, j]`` for one batch row. The taps and input channels run as one flat loop so that Triton
+pipelines it even when a tap holds only one or two channel blocks. The epilogue adds the bias,
+optionally applies Snake and a 1×1 convolution (the second half of a residual unit, when the whole
+channel width fits one tile), adds the residual, and stores the result and/or the Snake of it that
+the next layer reads: each activation is computed once, where it is produced, instead of in a
+separate pass or once per tap of its consumer. Output rows map to time steps through ``PHASES``
+and ``SHIFT``, which turns a transposed convolution of stride ``PHASES`` into the same GEMM.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _snake(y, alpha, inv_beta, FAST_SIN: tl.constexpr):
+    ax = y * alpha
+    if FAST_SIN:
+        # the products feed bf16/fp16 GEMMs: the hardware approximation is far inside their
+        # rounding, and the accurate libdevice sine would cost more than the tile's MMAs
+        s = tl.inline_asm_elementwise(
+            "sin.approx.f32 $0, $1;", "=r,r", [ax], dtype=tl.float32, is_pure=True, pack=1
+        )
+    else:
+        s = tl.sin(ax)
+    return y + inv_beta * s * s
+
+
+@triton.jit
+def snake_conv_kernel(
+    x_ptr,  # (B, L_in, CIN) contiguous
+    w_ptr,  # (TAPS, CIN_P, N_P) contiguous, zero past CIN and N
+    bias_ptr,  # (N_P,) float32
+    pw_alpha_ptr,  # (N_P,) float32: Snake before the 1x1 convolution
+    pw_inv_beta_ptr,
+    pw_w_ptr,  # (N_P, N_P) contiguous
+    pw_bias_ptr,  # (N_P,) float32
+    res_ptr,  # (B, L_out, COUT)
+    out_ptr,  # (B, L_out, COUT)
+    snake_out_ptr,  # (B, L_out, COUT)
+    out_alpha_ptr,  # (COUT,) float32: Snake of the stored copy
+    out_inv_beta_ptr,
+    L_in,
+    L_out,
+    rows,
+    CIN: tl.constexpr,
+    CIN_P: tl.constexpr,
+    N: tl.constexpr,
+    N_P: tl.constexpr,
+    COUT: tl.constexpr,
+    TAPS: tl.constexpr,
+    DIL: tl.constexpr,
+    PAD: tl.constexpr,
+    PHASES: tl.constexpr,
+    SHIFT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    POINTWISE: tl.constexpr,
+    RESIDUAL: tl.constexpr,
+    STORE_OUT: tl.constexpr,
+    STORE_SNAKE: tl.constexpr,
+    FAST_SIN: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    A_CACHE: tl.constexpr,
+    W_CACHE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ks = tl.arange(0, BLOCK_K)
+    x_base = x_ptr + b * L_in * CIN
+    precision: tl.constexpr = "ieee" if IEEE else "tf32"
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for it in range(0, TAPS * CIN_P, BLOCK_K):
+        tap = it // CIN_P
+        c = it - tap * CIN_P + ks
+        src = q + tap * DIL - PAD
+        a_mask = (src >= 0) & (src < L_in)
+        if CIN_P != CIN:
+            a_mask = a_mask[:, None] & (c < CIN)[None, :]
+        else:
+            a_mask = a_mask[:, None]
+        a = tl.load(
+            x_base + src[:, None] * CIN + c[None, :], mask=a_mask, other=0.0, cache_modifier=A_CACHE
+        )
+        w = tl.load(w_ptr + (it + ks)[:, None] * N_P + cols[None, :], cache_modifier=W_CACHE)
+        acc = tl.dot(a, w, acc, input_precision=precision)
+
+    out_dtype = out_ptr.dtype.element_ty if STORE_OUT else snake_out_ptr.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols)[None, :]
+    if POINTWISE:
+        # the 1x1 convolution needs the whole row of channels: the wrapper makes BLOCK_N == N_P
+        y = acc.to(out_dtype).to(tl.float32)
+        h = _snake(
+            y,
+            tl.load(pw_alpha_ptr + cols)[None, :],
+            tl.load(pw_inv_beta_ptr + cols)[None, :],
+            FAST_SIN,
+        )
+        w2 = tl.load(pw_w_ptr + cols[:, None] * N_P + cols[None, :])
+        acc = tl.dot(h.to(out_dtype), w2, input_precision=precision)
+        acc += tl.load(pw_bias_ptr + cols)[None, :]
+
+    t = q[:, None] * PHASES + (cols // COUT)[None, :] - SHIFT
+    ch = cols % COUT
+    ok = (t >= 0) & (t < L_out) & (cols < N)[None, :] & (q < rows)[:, None]
+    offs = b * L_out * COUT + t * COUT + ch[None, :]
+    if RESIDUAL:
+        acc += tl.load(res_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    y = acc.to(out_dtype)
+    if STORE_OUT:
+        tl.store(out_ptr + offs, y, mask=ok)
+    if STORE_SNAKE:
+        s = _snake(
+            y.to(tl.float32),
+            tl.load(out_alpha_ptr + ch)[None, :],
+            tl.load(out_inv_beta_ptr + ch)[None, :],
+            FAST_SIN,
+        )
+        tl.store(snake_out_ptr + offs, s.to(out_dtype), mask=ok)

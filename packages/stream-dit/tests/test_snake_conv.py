@@ -1,0 +1,154 @@
+"""The Snake-convolution layer against its float64 spec, and the fused Oobleck decoder against
+diffusers' own modules (an independent reference: ``nn.Conv1d``/``nn.ConvTranspose1d``)."""
+
+import pytest
+import torch
+
+import stream_dit.ops.snake_conv.dispatch as dispatch
+from stream_dit.ops.snake_conv import (
+    Pointwise,
+    Snake,
+    prepare_snake_conv,
+    snake_conv,
+    snake_conv_reference,
+)
+from triton_dispatch.testing import assert_close, poison_
+
+pytest.importorskip("diffusers")
+
+from decode_test_helpers import THREE_BLOCKS, tiny_decoder
+
+from stream_dit.decode import DecoderEngine
+from stream_dit.decode.fused import FusedOobleck
+
+#: (taps, dilation, C_in, C_out, phases, shift, pointwise, residual, out_snake, store_out, L_in)
+LAYERS = {
+    "dilated-residual-snake": (7, 3, 24, 20, 1, 0, False, True, True, True, 21),
+    "transposed-odd-stride": (2, 1, 16, 12, 3, 2, False, False, True, True, 9),
+    "unit-pointwise": (7, 1, 16, 16, 1, 0, True, True, True, False, 19),
+    "wide-in-narrow-out": (1, 1, 80, 2, 1, 0, False, False, False, True, 13),
+}
+
+
+def _snake(gen, c):
+    return Snake(torch.randn(c, generator=gen).mul(0.3).exp(), torch.rand(c, generator=gen) + 0.5)
+
+
+def _layer(gen, case, dtype, device):
+    taps, dil, cin, cout, phases, shift, pw, res, act, store, length = case
+    w = torch.randn(taps, cin, phases * cout, generator=gen) / (taps * cin) ** 0.5
+    b = torch.randn(phases * cout, generator=gen)
+    pointwise = None
+    if pw:
+        pointwise = Pointwise(_snake(gen, cout), torch.randn(cout, cout, generator=gen) / cout**0.5,
+                              torch.randn(cout, generator=gen))  # fmt: skip
+    out_snake = _snake(gen, cout) if act else None
+    padding = 1 if phases > 1 else None
+
+    def build(dt, dev):
+        cast = lambda t: t.to(dev, dt)
+        pwise = None if pointwise is None else Pointwise(
+            Snake(*(cast(t) for t in pointwise.snake)), cast(pointwise.weight), cast(pointwise.bias)
+        )  # fmt: skip
+        osn = None if out_snake is None else Snake(*(cast(t) for t in out_snake))
+        return prepare_snake_conv(
+            cast(w), cast(b), dilation=dil, padding=padding, phases=phases, shift=shift,
+            pointwise=pwise, out_snake=osn, store_out=store,
+        )  # fmt: skip
+
+    x = torch.randn(2, length, cin, generator=gen)
+    layer = build(dtype, device)
+    out_length = layer.output_length(length)
+    r = torch.randn(2, out_length, cout, generator=gen) if res else None
+    return layer, build(torch.float64, "cpu"), x, r
+
+
+CASES = [(name, torch.float32) for name in sorted(LAYERS)] + [("unit-pointwise", torch.float16)]
+
+
+def poisoned_outputs(monkeypatch):
+    def output(shape, like):
+        return poison_(torch.empty(shape, dtype=like.dtype, device=like.device))
+
+    monkeypatch.setattr(dispatch, "_output", output)
+
+
+@pytest.mark.parametrize(("name", "dtype"), CASES)
+def test_layer_matches_float64_spec_into_poisoned_buffers(rng, device, monkeypatch, name, dtype):
+    layer, ref_layer, x, r = _layer(rng, LAYERS[name], dtype, device)
+    poisoned_outputs(monkeypatch)
+    out, act = snake_conv(
+        x.to(device, dtype), layer, residual=None if r is None else r.to(device, dtype)
+    )
+    want_out, want_act = snake_conv(
+        x.double(), ref_layer, residual=None if r is None else r.double()
+    )
+    assert (out is None) == (want_out is None) and (act is None) == (want_act is None)
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    for got, want, what in ((out, want_out, "out"), (act, want_act, "snake_out")):
+        if want is not None:
+            assert got.shape == want.shape and got.dtype == dtype
+            assert_close(got, want, tol=tol, name=what)
+
+
+def test_reference_backend_is_the_spec(rng):
+    layer, _, x, r = _layer(rng, LAYERS["dilated-residual-snake"], torch.float32, "cpu")
+    got = snake_conv(x, layer, residual=r, backend="torch")
+    want = snake_conv_reference(
+        x, layer.weight, layer.bias, dilation=3, padding=9, phases=1, shift=0, out_length=21,
+        pointwise=None, residual=r, out_snake=layer.out_snake, store_out=True,
+    )  # fmt: skip
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_bad_inputs(rng):
+    layer, _, x, r = _layer(rng, LAYERS["dilated-residual-snake"], torch.float32, "cpu")
+    with pytest.raises(ValueError, match=r"x must be \(B, L, 24\)"):
+        snake_conv(x[..., :20].contiguous(), layer)
+    with pytest.raises(TypeError, match="x must match the layer's weights"):
+        snake_conv(x.half(), layer)
+    with pytest.raises(ValueError, match="x must be contiguous"):
+        snake_conv(x.transpose(0, 1).contiguous().transpose(0, 1), layer)
+    with pytest.raises(ValueError, match=r"residual must be a tensor of shape \(2, 21, 20\)"):
+        snake_conv(x, layer, residual=r[:, :5])
+    with pytest.raises(TypeError, match="layer must come from prepare_snake_conv"):
+        snake_conv(x, object())
+    w = torch.randn(7, 24, 20)
+    with pytest.raises(ValueError, match="weight must be a tensor of shape"):
+        prepare_snake_conv(w[0])
+    with pytest.raises(ValueError, match="pointwise needs phases == 1"):
+        prepare_snake_conv(
+            torch.randn(2, 4, 8), phases=2, pointwise=Pointwise(_snake(rng, 4), torch.eye(4), None)
+        )
+    with pytest.raises(ValueError, match="dilation must be an int >= 1"):
+        prepare_snake_conv(w, dilation=0)
+    with pytest.raises(ValueError, match="must store its output"):
+        prepare_snake_conv(w, store_out=False)
+    empty = snake_conv(x[:0], layer, residual=r[:0])
+    assert empty[0].shape == (0, 21, 20) and empty[1].shape == (0, 21, 20)
+
+
+@pytest.mark.parametrize("preset", ["tiny", "three-blocks"])
+def test_fused_decoder_matches_the_adapter(rng, device, preset):
+    """Every layer kind (first convolution, transposed ones of each stride, residual units fused
+    and not, the last convolution) against diffusers' modules, in float64 on the reference."""
+    _, adapter = tiny_decoder(THREE_BLOCKS if preset == "three-blocks" else "tiny")
+    z = torch.randn(2, adapter.latent_channels, 7, generator=rng)
+    want = adapter.double()(z.double())
+    fused = FusedOobleck(adapter.float().to(device))
+    got = fused(z.to(device))
+    assert got.shape == want.shape
+    assert_close(got, want, tol=2e-6, name="audio")
+
+
+def test_fused_engine_modes(rng):
+    _, adapter = tiny_decoder()
+    engine = DecoderEngine(adapter, max_batch=2, mode="fused")
+    assert isinstance(engine.adapter, FusedOobleck) and engine.reuses_output is False
+    z = torch.randn(1, adapter.latent_channels, 6, generator=rng)
+    torch.testing.assert_close(engine(z), adapter(z), atol=1e-5, rtol=1e-4)
+    with pytest.raises(ValueError, match="needs the decoder on a CUDA device"):
+        DecoderEngine(adapter, mode="fused-graphs")
+    with pytest.raises(TypeError, match="needs an OobleckAdapter"):
+        DecoderEngine(torch.nn.Linear(2, 2), mode="fused")
