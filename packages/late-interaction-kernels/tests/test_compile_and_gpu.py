@@ -250,7 +250,7 @@ def test_tma_forward_on_gpu(rng, lq, normalize):
     argmax, against float64."""
     from late_interaction_kernels.ops.common import tma
     from late_interaction_kernels.ops.maxsim import forward
-    from late_interaction_kernels.ops.maxsim.plan import MAXSIM_PLANS
+    from late_interaction_kernels.ops.maxsim.dispatch import MAXSIM_PLANS
 
     Q = randn((3, lq, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     D = randn(

@@ -14,7 +14,7 @@ import triton
 from late_interaction_kernels import maxsim, maxsim_varlen
 from late_interaction_kernels.ops.common import tma
 from late_interaction_kernels.ops.maxsim import forward
-from late_interaction_kernels.ops.maxsim.plan import MAXSIM_PLANS
+from late_interaction_kernels.ops.maxsim.dispatch import MAXSIM_PLANS
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from late_interaction_kernels.ops.varlen.reference import maxsim_varlen_all_pairs_reference
 from triton_dispatch import interpreter_enabled

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from late_interaction_kernels import maxsim
-from late_interaction_kernels.ops.maxsim.plan import MAXSIM_PLANS
+from late_interaction_kernels.ops.maxsim.dispatch import MAXSIM_PLANS
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from triton_dispatch.testing import assert_close, rand_mask, randn
 

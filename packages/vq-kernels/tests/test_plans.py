@@ -9,11 +9,12 @@ from vq_test_helpers import assert_state_matches, make_state, reference_step
 
 from triton_dispatch.testing import randint, randn
 from vq_kernels import ema_update_, quantize
-from vq_kernels.ops.ema_update.dispatch import _PLANS as UPDATE_PLANS
+from vq_kernels.ops.ema_update.op import EMA_UPDATE
 from vq_kernels.ops.quantize.op import NEAREST_CODE
 from vq_kernels.ops.quantize.reference import distances_reference
 
-QUANTIZE_PLANS = NEAREST_CODE._plans
+QUANTIZE_PLANS = NEAREST_CODE.plans
+UPDATE_PLANS = EMA_UPDATE.plans
 
 
 def _counts(cache):

@@ -508,3 +508,56 @@ def test_traced_calls_take_the_custom_op_or_for_empty_inputs_the_reference(rows)
 
     (got,) = torch.autograd.grad(loss(x), x)
     assert_close(got, 2 * torch.exp(2 * x.detach().double()))
+
+
+def test_a_kept_plan_does_not_skip_the_checks_of_a_different_call():
+    """A repeat call runs its kept entry unchecked; a call whose checks would fail never
+    matches one, whatever was called before (a bool equals 1.0 but is no float, a name that is
+    not a setting, a wrong count, a strided view of a shape already seen)."""
+    x = torch.zeros(3, 4, device=DEVICE)
+    for _ in range(2):
+        EXP(x, None)
+        EXP(x, None, scale=1.0)
+        EXP(x, None, scale=1)  # an int for a float setting passes its check
+        with pytest.raises(TypeError, match="scale must be a float, got bool"):
+            EXP(x, None, scale=True)
+        with pytest.raises(TypeError, match="unexpected settings"):
+            EXP(x, None, gain=2.0)
+        with pytest.raises(TypeError, match="takes 2 tensors"):
+            EXP(x)
+        with pytest.raises(TypeError, match=r"shift must be a torch\.Tensor"):
+            EXP(x, 1.0)
+        with pytest.raises(ValueError, match="x must be contiguous"):
+            EXP(torch.zeros(3, 8, device=DEVICE)[:, ::2], None)
+        with pytest.raises(ValueError, match="shift must have x's shape"):
+            EXP(x, torch.zeros(4, 3, device=DEVICE))
+
+
+def test_grad_mode_and_requires_grad_pick_the_entry():
+    x = _x(grad=True)
+    with torch.no_grad():
+        assert not EXP(x, None).requires_grad
+    assert EXP(x, None).requires_grad
+    assert not EXP(x.detach(), None).requires_grad
+    shift = _x(grad=True)  # only the optional input tracked
+    y = EXP(x.detach(), shift)
+    (got,) = torch.autograd.grad(y.sum(), shift)
+    assert_close(got, torch.exp(x.detach().double() + shift.detach().double()))
+
+
+def test_the_forced_backend_is_part_of_the_key(monkeypatch):
+    from triton_dispatch import BACKEND_ENV_VAR
+    from triton_dispatch.launch import forced_backend_key
+
+    monkeypatch.delenv(BACKEND_ENV_VAR, raising=False)
+    x = _x()
+    unset = forced_backend_key()
+    EXP(x, None)
+    before = _ExpPlan.builds
+    monkeypatch.setenv(BACKEND_ENV_VAR, "torch")
+    assert forced_backend_key() != unset
+    misses = EXP._plans.misses
+    assert_close(EXP(x, None, scale=0.5), torch.exp(0.5 * x.double()))
+    assert EXP._plans.misses == misses + 1 and _ExpPlan.builds == before  # the reference ran
+    monkeypatch.delenv(BACKEND_ENV_VAR)
+    assert forced_backend_key() == unset

@@ -136,3 +136,17 @@ def test_a_kernel_compiled_ahead_is_not_compiled_again_at_its_launch(monkeypatch
     torch.cuda.synchronize()
     assert count.compiled == 0
     assert_close(y, x.double() + 1)
+
+
+def test_fast_builds_follow_the_declared_triton_versions(fresh_hook, monkeypatch):
+    from triton_dispatch import triton_version
+
+    installed = triton_version.installed_triton_release
+    monkeypatch.setattr(triton_version, "installed_triton_release", lambda: "99.0")
+    assert not host_build.install_fast_host_builds()
+    assert fresh_hook.build.impl is None  # Triton keeps its own builds
+    host_build.uninstall_fast_host_builds()
+    monkeypatch.setattr(triton_version, "installed_triton_release", installed)
+    if triton_version.installed_triton_release() in host_build.FAST_HOST_BUILD_TRITON_VERSIONS:
+        monkeypatch.setattr(host_build, "FAST_HOST_BUILD_TRITON_VERSIONS", ())
+        assert not host_build.install_fast_host_builds()

@@ -178,7 +178,10 @@ class CudaLauncher:
     """Stands in for Triton 3.6's launcher: records the C launch's arguments."""
 
     def __init__(self, global_scratch_size=0, profile_scratch_size=0):
-        self.global_scratch_size, self.profile_scratch_size = global_scratch_size, profile_scratch_size
+        self.global_scratch_size, self.profile_scratch_size = (
+            global_scratch_size,
+            profile_scratch_size,
+        )
         self.launch_cooperative_grid, self.launch_pdl = False, True
         self.calls = []
         self.launch = lambda *a: self.calls.append(a)
@@ -194,6 +197,114 @@ def test_direct_launcher_passes_what_the_launcher_would():
         (4, 1, 1, "stream", "fn", False, True, None, None, "meta", None, None, None, "x", 7)
     ]
     # scratch to allocate per launch, or another launcher: through ``compiled.run`` instead
-    scratch = SimpleNamespace(run=CudaLauncher(global_scratch_size=8), function=0, packed_metadata=0)
+    scratch = SimpleNamespace(
+        run=CudaLauncher(global_scratch_size=8), function=0, packed_metadata=0
+    )
     assert _direct_launcher(scratch) is None
     assert _direct_launcher(SimpleNamespace(run=lambda *a: None)) is None
+
+
+def test_direct_launcher_follows_the_declared_argument_order():
+    from triton_dispatch.launch import LAUNCH_ARGUMENT_ORDER
+
+    run = CudaLauncher()
+    compiled = SimpleNamespace(run=run, function="fn", packed_metadata="meta")
+    _direct_launcher(compiled)(4, 2, 1, "stream", "x", 7)
+    (call,) = run.calls
+    named = dict(zip(LAUNCH_ARGUMENT_ORDER, call))
+    assert named == {
+        "gridX": 4, "gridY": 2, "gridZ": 1, "_stream": "stream", "_function": "fn",
+        "launch_cooperative_grid": False, "launch_pdl": True, "global_scratch_obj": None,
+        "profile_scratch_obj": None, "kernel_metadata": "meta", "launch_metadata": None,
+        "launch_enter_hook": None, "launch_exit_hook": None,
+    }  # fmt: skip
+    assert call[len(LAUNCH_ARGUMENT_ORDER) :] == ("x", 7)  # then the kernel's own arguments
+
+
+def _fast_launch_release():
+    from triton_dispatch import triton_version
+    from triton_dispatch.launch import FAST_LAUNCH_TRITON_VERSIONS
+
+    return triton_version.installed_triton_release() in FAST_LAUNCH_TRITON_VERSIONS
+
+
+@pytest.mark.skipif(not _fast_launch_release(), reason="direct launches are off on this Triton")
+def test_the_installed_triton_launches_in_the_order_the_direct_launch_assumes():
+    """Compiles a probe kernel for sm_90 (no GPU needed) and reads the launcher Triton generates
+    for it: the C launch function's parameters, what the compiled kernel's metadata packs, and the
+    calls ``JITFunction.run`` and ``CudaLauncher`` make, against what ``KernelLaunch`` passes."""
+    from triton_dispatch.compile_check import launcher_facts, nvidia_backend_available
+    from triton_dispatch.launch import LAUNCH_ARGUMENT_ORDER, fast_launch_supported
+
+    if not nvidia_backend_available():
+        pytest.skip("Triton's NVIDIA backend is not installed")
+    assert fast_launch_supported()
+    facts = launcher_facts(capability=90)
+    lead = len(LAUNCH_ARGUMENT_ORDER)
+    assert facts["c_launch_parameters"][:lead] == list(LAUNCH_ARGUMENT_ORDER)
+    # every parameter of the kernel follows, constexprs included (KernelLaunch passes them all)
+    arguments = facts["kernel_arguments"]
+    assert facts["c_launch_parameters"][lead:] == [f"_arg{i}" for i in range(len(arguments))]
+    assert facts["packed_metadata"] == facts["num_warps_ctas_shared"]
+    assert "missing" not in facts["scratch_and_flags"].values()
+    # CompiledKernel.run(gridX, gridY, gridZ, stream, function, packed_metadata, launch_metadata,
+    # enter hook, exit hook, *args) reaches the C function through CudaLauncher.__call__
+    assert facts["launcher_call"] == [
+        "gridX", "gridY", "gridZ", "stream", "function", "self.launch_cooperative_grid",
+        "self.launch_pdl", "global_scratch", "profile_scratch", "*args",
+    ]  # fmt: skip
+    assert facts["jit_run_call"] == [
+        "grid_0", "grid_1", "grid_2", "stream", "kernel.function", "kernel.packed_metadata",
+        "launch_metadata", "knobs.runtime.launch_enter_hook", "knobs.runtime.launch_exit_hook",
+        "*bound_args.values()",
+    ]  # fmt: skip
+
+
+def test_fast_launch_follows_the_declared_triton_versions(monkeypatch):
+    from triton_dispatch import launch, triton_version
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # decide as a GPU run would
+
+    def cuda_launch():
+        bound = {"n": 8, "BLOCK": 16, "NEGATE": False}
+        return KernelLaunch(_scaled_copy, (1,), bound, device=torch.device("cuda", 0))
+
+    assert cuda_launch().direct == launch.fast_launch_supported()
+    installed = triton_version.installed_triton_release
+    monkeypatch.setattr(triton_version, "installed_triton_release", lambda: "99.0")
+    assert not launch.fast_launch_supported()
+    fallback = cuda_launch()
+    assert fallback.on_gpu and not fallback.direct
+    monkeypatch.setattr(triton_version, "installed_triton_release", installed)
+    monkeypatch.setattr(launch, "FAST_LAUNCH_TRITON_VERSIONS", ())
+    assert not cuda_launch().direct
+
+
+def test_the_public_launcher_fallback_gives_the_same_results(rng, device, monkeypatch):
+    from triton_dispatch import launch
+
+    n = 50
+    x = randn((n,), generator=rng, device=device)
+    bound = {"n": n, "BLOCK": 16, "NEGATE": True}
+
+    def run_twice():
+        plan = KernelLaunch(
+            _scaled_copy, lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),), bound,
+            device=x.device,
+        )  # fmt: skip
+        outputs = []
+        for scale in (2.0, -0.5):  # the second call is the one a supported Triton launches directly
+            y = torch.full_like(x, float("nan"))
+            plan(x, y, scale)
+            outputs.append(y)
+        return plan, outputs
+
+    fast, expected = run_twice()
+    monkeypatch.setattr(launch, "FAST_LAUNCH_TRITON_VERSIONS", ())
+    public, got = run_twice()
+    assert not public.direct and public.direct_launches == 0
+    for y, want in zip(got, expected, strict=True):
+        assert torch.equal(y, want)
+        assert not torch.isnan(y).any()
+    if fast.direct:
+        assert fast.direct_launches == 1

@@ -24,6 +24,7 @@ __all__ = [
     "check_table_configs",
     "compile_recorded",
     "config_variants",
+    "launcher_facts",
     "nvidia_backend_available",
     "recorded_launches",
     "unavailable_reason",
@@ -163,6 +164,85 @@ def compile_recorded(calls: list[tuple], *, capability: int = 90) -> list[str]:
     )
     if proc.returncode != 0:
         return [f"the compile check itself failed:\n{proc.stderr[-3000:]}"]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+_LAUNCHER_SCRIPT = r"""
+import inspect, json, re, sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia import driver
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+
+@triton.jit
+def probe(X, Y, n, scale, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i, mask=i < n) * scale, mask=i < n)
+
+
+def call_arguments(source, callee):
+    # the arguments of the first call of callee in source, whitespace removed
+    start = source.index(callee + "(") + len(callee) + 1
+    depth, end = 1, start
+    while depth:
+        depth += {"(": 1, ")": -1}.get(source[end], 0)
+        end += 1
+    return ["".join(a.split()) for a in source[start : end - 1].split(",")]
+
+
+src = ASTSource(probe, {"X": "*fp32", "Y": "*fp32", "n": "i32", "scale": "fp32",
+                        "BLOCK": "constexpr"}, {"BLOCK": 64}, {})
+kernel = triton.compile(src, target=GPUTarget("cuda", int(sys.argv[1]), 32))
+md = kernel.metadata
+# the launcher's source as CudaLauncher.__init__ generates it for this kernel
+arg_idx = lambda x: (src.fn.arg_names.index(x),) if isinstance(x, str) else x
+constants = {arg_idx(k): v for k, v in src.constants.items()}
+c_source = driver.make_launcher(constants, dict(src.signature), getattr(md, "tensordesc_meta", None))
+parse = re.search(r'PyArg_ParseTuple\(args,\s*"([^"]*)"\s*,(.*?)\)\)\s*\{', c_source, re.S)
+print(json.dumps({
+    "version": triton.__version__,
+    "c_launch_parameters": re.findall(r"&(\w+)", parse.group(2)),
+    "c_launch_format": parse.group(1),
+    "packed_metadata": list(kernel.packed_metadata),
+    "num_warps_ctas_shared": [md.num_warps, md.num_ctas, md.shared],
+    "scratch_and_flags": {n: getattr(md, n, "missing") for n in ("global_scratch_size",
+        "profile_scratch_size", "launch_cooperative_grid", "launch_pdl")},
+    "launcher_call": call_arguments(inspect.getsource(driver.CudaLauncher.__call__),
+                                    "self.launch"),
+    "jit_run_call": call_arguments(inspect.getsource(JITFunction.run), "kernel.run"),
+    "kernel_arguments": list(src.fn.arg_names),
+}))
+"""
+
+
+def launcher_facts(*, capability: int = 90) -> dict[str, Any]:
+    """What the installed Triton's CUDA launch path looks like, read on a machine without a GPU:
+    a four-argument probe kernel (two pointers, an int, a float, one constexpr) is compiled for
+    ``sm_<capability>`` in a subprocess, and the launcher Triton would build for it is generated
+    (not compiled). Returns ``c_launch_parameters`` (the C ``launch`` function's parameters in
+    order, as its source names them), ``packed_metadata`` and ``num_warps_ctas_shared`` (what
+    the launcher unpacks it into), ``scratch_and_flags`` (metadata the launcher reads),
+    ``launcher_call`` (the arguments ``CudaLauncher.__call__`` passes to the C function) and
+    ``jit_run_call`` (those ``JITFunction.run`` passes to ``CompiledKernel.run``), for tests that
+    pin :class:`~triton_dispatch.launch.KernelLaunch`'s direct launches to them."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        script = os.path.join(folder, "launcher_facts_probe.py")
+        with open(script, "w") as f:
+            f.write(_LAUNCHER_SCRIPT)
+        proc = subprocess.run(
+            [sys.executable, script, str(capability)],
+            env=dict(os.environ, TRITON_INTERPRET="0"),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    if proc.returncode != 0:
+        raise RuntimeError(f"reading the launcher failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -10,6 +10,8 @@ that the declaration builds
   shape, dtype or value; one device for every tensor) and the backend choice;
 * the plan cache of eager calls: a repeat call with the same metadata and settings binds its
   tensors and launches, through one ``torch.autograd.Function`` when a gradient will be asked for;
+  its key holds everything the checks read, so a repeat call skips them (a call that would fail
+  them never matches a kept key);
 * the custom ops ``ns::name`` and ``ns::name_backward`` with their fakes and the autograd formula
   joining them, which ``torch.compile`` traces into (and CUDA graphs capture) without a break;
 * the reference route (``backend="torch"``, CPU and MPS tensors);
@@ -28,16 +30,18 @@ launches belong there. Settings reach the plan through the call, never as positi
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import torch
 
 from .backend import common_device, select_backend, uses_triton
-from .launch import PlanCache, call_key
+from .launch import PlanCache, forced_backend_key
 
-__all__ = ["Call", "OpDeclaration", "SettingSpec", "TensorSpec"]
+__all__ = ["Call", "OpDeclaration", "PassedSpec", "SettingSpec", "TensorSpec"]
 
 _SCHEMA_TYPES = {bool: "bool", int: "int", float: "float", str: "str"}
 
@@ -61,6 +65,15 @@ class TensorSpec:
             keyed by its contiguity.
         dtypes_expected: the dtypes in words, for the error (e.g. ``"a float32 or float64
             (floating-point) tensor"``; default: the dtypes listed).
+        dtype_message: the whole dtype error, with ``{name}`` and ``{dtype}`` (the given one) to
+            fill in, for an op whose API has always worded it so (default: from
+            ``dtypes_expected``).
+        default: for an optional tensor the op makes when the caller leaves it out (e.g. random
+            restart candidates): ``default(call) -> make | None``, asked once per kind of call;
+            ``make(**passed) -> tensor`` (see :class:`PassedSpec`) then runs on every call that
+            leaves it out, before the plan, the reference or the custom op sees it, so that each
+            route takes the same tensor. ``None`` from ``default``: this kind of call needs no
+            tensor there and gets ``None``.
     """
 
     name: str
@@ -72,6 +85,8 @@ class TensorSpec:
     differentiable: bool = True
     binds_strides: bool = True
     dtypes_expected: str = ""
+    dtype_message: str = ""
+    default: Callable[[Call], Callable[..., torch.Tensor] | None] | None = None
 
     def check(self, value: Any) -> None:
         if value is None and self.optional:
@@ -79,6 +94,8 @@ class TensorSpec:
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{self.name} must be a torch.Tensor, got {type(value).__name__}")
         if value.dtype not in self.dtypes:
+            if self.dtype_message:
+                raise TypeError(self.dtype_message.format(name=self.name, dtype=value.dtype))
             allowed = self.dtypes_expected or " or ".join(
                 str(d).removeprefix("torch.") for d in self.dtypes
             )
@@ -109,6 +126,8 @@ class SettingSpec:
         expected: what a valid value is, for the error (e.g. ``"a number in [0, 1]"``).
         type_error: what a value of another kind raises: ``TypeError``, or ``ValueError`` for
             an op whose API has always refused every unusable value with ``ValueError``.
+        nullable: whether ``None`` is a value too (e.g. "no threshold", "the device decides");
+            the custom op's schema then takes ``<kind>?``.
     """
 
     name: str
@@ -118,10 +137,13 @@ class SettingSpec:
     valid: Callable[[Any], bool] | None = None
     expected: str = ""
     type_error: type[Exception] = TypeError
+    nullable: bool = False
 
     def check(self, value: Any) -> Any:
         """The value as the op uses it (ints and float subclasses such as numpy's float64
         accepted for floats), or a clear error."""
+        if value is None and self.nullable:
+            return None
         kind = self.kind
         if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = float(value)
@@ -137,7 +159,32 @@ class SettingSpec:
 
     @property
     def schema(self) -> str:
-        return f"{_SCHEMA_TYPES[self.kind]} {self.name}"
+        return f"{_SCHEMA_TYPES[self.kind]}{'?' if self.nullable else ''} {self.name}"
+
+
+@dataclass(frozen=True)
+class PassedSpec:
+    """A per-call keyword argument that is neither a tensor nor a setting (a
+    ``torch.Generator``, a process group): not part of the plan's key beyond ``key(value)``,
+    handed on every call to the plan's forward and the reference (``forward(*inputs,
+    **passed)``) and to the makers of default tensors (:attr:`TensorSpec.default`).
+
+    Attributes:
+        name: the keyword (default ``None``).
+        key: what of the value the plan's key holds (default: whether it was given); the plan
+            may rely on that much of it and no more.
+        schema: its type in the custom op's schema (e.g. ``"str?"``), or ``""``: the custom op
+            does not take it, and under ``torch.compile`` it reaches only the default makers
+            (the plan inside the op gets ``None``).
+        to_op, from_op: its value as the custom op takes it and back (e.g. a process group's
+            name and the group of a name); default: the value itself. ``None`` stays ``None``.
+    """
+
+    name: str
+    key: Callable[[Any], Any] = lambda value: value is not None
+    schema: str = ""
+    to_op: Callable[[Any], Any] | None = None
+    from_op: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +195,9 @@ class Call:
     settings: Mapping[str, Any]
     device: torch.device
     backend: str
+    #: the per-call arguments (:class:`PassedSpec`) of the call the plan is built for: the plan
+    #: may rely on what their key holds (e.g. whether a process group is given), no more
+    passed: Mapping[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Any:
         if name in self.tensors:
@@ -193,6 +243,20 @@ class OpDeclaration:
             between forward and backward (an EMA codebook). The eager route's plan knows them
             already; the backward op takes ``SymInt[] <name>_shape, ScalarType <name>_dtype``
             after the settings, which ``backward_fake`` and ``backward_plan`` get by name too.
+        grad_setting: a bool setting the declaration fills in with whether the call will be
+            differentiated (grad mode on and a differentiable input requiring grad), for an op
+            whose forward keeps more for its backward (the custom op gets it as a keyword, so
+            that a traced call keeps it too); a value given by name stays.
+        node_name: the name of the eager autograd node's class (its ``grad_fn`` is
+            ``<node_name>Backward``); default: from ``qualname``.
+        passed: per-call keyword arguments that are not settings (:class:`PassedSpec`), for an
+            op without a backward.
+        mutates: inputs the op updates in place (an EMA state): the plan's forward and the
+            reference write them and return only the declared outputs. The custom op stays
+            functional, so that ``torch.compile`` orders the writes like any buffer update: it
+            updates copies and returns them after the outputs (an empty tensor for an input left
+            out), and the traced call copies them into the caller's tensors. They are updated as
+            data, outside autograd (a tensor that requires grad is written through ``detach()``).
     """
 
     def __init__(
@@ -214,6 +278,10 @@ class OpDeclaration:
         backward_needs: bool = False,
         differentiable_outputs: Sequence[str] | None = None,
         saved_meta: Sequence[str] = (),
+        grad_setting: str | None = None,
+        node_name: str | None = None,
+        passed: Sequence[PassedSpec] = (),
+        mutates: Sequence[str] = (),
     ) -> None:
         self.qualname = qualname
         self.inputs = tuple(inputs)
@@ -258,46 +326,167 @@ class OpDeclaration:
             self._names.index(n) if n in self._names else both.index(n, len(self._names))
             for n in self.saved
         )
+        # the saved tensors of (*inputs, *outputs), always as a tuple
+        self._saved_from = (
+            itemgetter(*self._saved_at)
+            if len(self._saved_at) > 1
+            else lambda both, at=self._saved_at: tuple(both[i] for i in at)
+        )
         self._hidden = tuple(i for i in range(len(self.outputs)) if i not in self._graded)
         # zeros for the gradients of outputs nobody differentiates would be wasted launches
         self._keep_none_grads = bool(self._hidden) or len(self.outputs) > 1
+        if grad_setting is not None and self._defaults.get(grad_setting) is not False:
+            raise ValueError(f"{qualname}: grad_setting must name a bool setting (default False)")
+        self.grad_setting = grad_setting
+        self.passed = tuple(passed)
+        self._passed_names = tuple(s.name for s in self.passed)
+        self._passed_keys = tuple((s.name, s.key) for s in self.passed)
+        if self.passed and (self.saved or grad_setting is not None):
+            raise ValueError(f"{qualname}: passed arguments are for ops without a backward")
+        self.mutates = tuple(mutates)
+        if not set(self.mutates) <= set(self._names):
+            raise ValueError(f"{qualname}: mutates must name inputs")
+        self._mutated = tuple(self._names.index(n) for n in self.mutates)
+        self._defaulted = tuple((i, s.default) for i, s in enumerate(self.inputs) if s.default)
+        if any(not self.inputs[i].optional for i, _ in self._defaulted):
+            raise ValueError(f"{qualname}: only an optional tensor may have a default")
         # the eager node of this op: the declaration rides on the class, not as an argument that
         # autograd would inspect on every call
-        self._node = type(f"{qualname.replace('::', '_')}_node", (_EagerNode,), {"decl": self})
+        node_name = node_name or f"{qualname.replace('::', '_')}_node"
+        self._node = type(node_name, (_EagerNode,), {"decl": self})
         self._plans: PlanCache = PlanCache(qualname)
         self._kernel_plans: PlanCache = PlanCache(f"{qualname} kernels")
+        # the eager call's key, built straight from the tensors (see __call__)
+        self._setting_names = frozenset(self._defaults)
+        self._default_key = (self._default_values, tuple(map(type, self._default_values)))
+        # whether the call will be differentiated is part of the key of an op with a backward,
+        # or whose grad_setting the checks fill in with it
+        tracked = self._differentiable if self.saved or grad_setting is not None else ()
+        self._eager_key = _eager_key_function(self.inputs, tracked)
+        # one index: the tensor itself; several: a tuple
+        self._picker = itemgetter(*self._returned) if self._returned else (lambda outputs: ())
         self.op = self._register(fake, backward_fake)
+
+    @property
+    def plans(self) -> PlanCache:
+        """The eager calls' plan cache (``hits``, ``misses``, ``clear()``), for tests and tools."""
+        return self._plans
 
     # the call
     def __call__(self, *tensors: Any, backend: str | None = None, **settings: Any) -> Any:
+        if self._passed_names:
+            return self._call_passing(tensors, backend, settings)
+        if torch.compiler.is_compiling():
+            return self._traced(tensors, backend, settings)
+        # The key of an eager call holds everything its checks and its route read (each tensor's
+        # dtype, device, shape and strides or contiguity, whether autograd will want a graph, the
+        # settings with their types, the backend asked for and forced), so a key kept in the plan
+        # cache is one whose checks passed: a hit runs its entry without checking again.
+        try:
+            given = self._given(settings) if settings else self._default_key
+            key = self._eager_key(tensors, backend, given, forced_backend_key())
+            entry = self._plans.find(key)
+        except (AttributeError, TypeError, ValueError):
+            # not a tensor where one goes, a wrong count, an unknown or unhashable setting: the
+            # checks name it
+            key = entry = None
+        if entry is None:
+            entry = self._miss(key, tensors, backend, settings)
+        return entry(*tensors)
+
+    def _call_passing(self, tensors, backend, settings) -> Any:
+        """A call of an op with per-call arguments: as :meth:`__call__`, with their keys in the
+        plan's key and their values handed to the entry."""
+        passed, keyed = {}, []
+        for name, key_of in self._passed_keys:
+            passed[name] = value = settings.pop(name, None)
+            keyed.append(key_of(value))
+        if torch.compiler.is_compiling():
+            return self._traced(tensors, backend, settings, passed)
+        try:
+            given = self._given(settings) if settings else self._default_key
+            key = (self._eager_key(tensors, backend, given, forced_backend_key()), *keyed)
+            entry = self._plans.find(key)
+        except (AttributeError, TypeError, ValueError):
+            key = entry = None
+        if entry is None:
+            entry = self._miss(key, tensors, backend, settings, passed)
+        return entry(*tensors, **passed)
+
+    def _traced(self, tensors, backend, settings, passed=None) -> Any:
+        """A call under ``torch.compile``: checked every time, through the registered op."""
+        self._check_count(tensors)
+        call = self.validate(tensors, backend, settings, passed)
+        passed = call.passed
+        if self._defaulted:
+            tensors = self._with_defaults(call, tensors)
+        if self.mutates or passed:
+            return self._traced_mutating(call, tensors)
+        # an empty input is a call plans decline; tracing the reference keeps its autograd
+        if not uses_triton(call.backend) or _any_empty(tensors):
+            return self.reference(*tensors, **call.settings)
+        return self._pick(_as_tuple(self.op(*tensors, **call.settings)))
+
+    def _check_count(self, tensors) -> None:
         if len(tensors) != len(self.inputs):
             raise TypeError(
                 f"{self.qualname} takes {len(self.inputs)} tensors "
                 f"({', '.join(self._names)}), got {len(tensors)}"
             )
-        if torch.compiler.is_compiling():
-            call = self.validate(tensors, backend, settings)
-            # an empty input is a call plans decline; tracing the reference keeps its autograd
-            if not uses_triton(call.backend) or _any_empty(tensors):
-                return self.reference(*tensors, **call.settings)
-            return self._pick(_as_tuple(self.op(*tensors, **call.settings)))
-        key = None
-        if not settings:  # the common call: every setting at its default
-            strides = _strides(tensors, self._strided) if self._strided else ()
-            key = call_key(tensors, backend, torch.is_grad_enabled(), strides, self._default_values)
-        elif len(settings) <= len(self._default_values):
-            given = tuple(map(settings.get, self._defaults, self._default_values))
-            strides = _strides(tensors, self._strided) if self._strided else ()
-            key = call_key(tensors, backend, torch.is_grad_enabled(), strides, given)
-        if key is None:  # not a tensor where one goes, an unhashable setting: the checks name it
-            self.validate(tensors, backend, settings)
-        return self._plans.get(key, lambda: self._route(tensors, backend, settings))(*tensors)
+
+    def _given(self, settings: Mapping[str, Any]) -> tuple:
+        """The settings' part of an eager key: their values in declaration order and the values'
+        types (``True`` equals ``1`` and ``1.0`` but is no number); ``TypeError`` for a name that
+        is not a setting."""
+        if not settings.keys() <= self._setting_names:
+            raise TypeError("unknown setting")
+        values = tuple(map(settings.get, self._defaults, self._default_values))
+        return values, tuple(map(type, values))
+
+    def _traced_mutating(self, call: Call, tensors) -> Any:
+        """A traced call of an op that updates inputs in place or takes per-call arguments: the
+        functional custom op, then its updated copies written into the caller's tensors. An
+        empty input goes to the op too: its plan decides (a rank of a process group with no
+        rows still joins the group's collective)."""
+        if not uses_triton(call.backend):
+            return self.reference(*tensors, **call.settings, **call.passed)
+        carried = {s.name: call.passed[s.name] for s in self.passed if s.schema}
+        for s in self.passed:
+            if s.to_op is not None and carried.get(s.name) is not None:
+                carried[s.name] = s.to_op(carried[s.name])
+        results = _as_tuple(self.op(*tensors, **call.settings, **carried))
+        count = len(self.outputs)
+        for i, new in zip(self._mutated, results[count:]):
+            target = tensors[i]
+            if target is not None:
+                (target.detach() if target.requires_grad else target).copy_(new)
+        return self._pick(results[:count])
+
+    def _with_defaults(self, call: Call, tensors) -> list:
+        """``tensors`` with the declared defaults made where the caller left them out."""
+        tensors = list(tensors)
+        for i, default in self._defaulted:
+            if tensors[i] is None:
+                make = default(call)
+                tensors[i] = None if make is None else make(**call.passed)
+        return tensors
+
+    def _miss(self, key, tensors, backend, settings, passed=None) -> Callable[..., Any]:
+        """The entry of a call no plan is kept for: checked (a bad argument raises here), built,
+        and kept under ``key`` unless the key could not be made."""
+        self._check_count(tensors)
+        call = self.validate(tensors, backend, settings, passed)
+        entry = self._entry(call, tensors)
+        if self._defaulted:
+            entry = self._filled(call, entry)
+        return entry if key is None else self._plans.add(key, entry)
 
     def validate(
         self,
         tensors: Sequence[Any],
         backend: str | None = None,
         settings: Mapping[str, Any] | None = None,
+        passed: Mapping[str, Any] | None = None,
     ) -> Call:
         """Check every argument against its spec and choose the backend."""
         settings = dict(settings or {})
@@ -307,9 +496,18 @@ class OpDeclaration:
         for spec, value in zip(self.inputs, tensors, strict=True):
             spec.check(value)
         values = {s.name: s.check(settings.get(s.name, s.default)) for s in self.settings}
+        if self.grad_setting is not None and self.grad_setting not in settings:
+            values[self.grad_setting] = torch.is_grad_enabled() and any(
+                _requires_grad(tensors[i]) for i in self._differentiable
+            )
         device = common_device(tensors, names=self._names)
         chosen = select_backend(device=device, backend=backend)
         call = Call(dict(zip(self._names, tensors, strict=True)), values, device, chosen)
+        if self.passed:
+            given = passed or {}
+            call = Call(
+                call.tensors, values, device, chosen, {n: given.get(n) for n in self._passed_names}
+            )
         if self.check is not None:
             self.check(call)
         return call
@@ -320,23 +518,76 @@ class OpDeclaration:
 
         return [TensorArg(s.name, dtypes=s.dtypes) for s in self.inputs]
 
-    def _route(self, tensors, backend, settings) -> Callable[..., Any]:
-        call = self.validate(tensors, backend, settings)
-        if not uses_triton(call.backend):
-            values = call.settings
-            return lambda *ts: self.reference(*ts, **values)
-        key = (_meta_key(tensors, self._binds), tuple(call.settings.values()))
-        plan = self._kernel_plans.get(key, lambda: self.plan(call) or _REFERENCE)
+    def _entry(self, call: Call, tensors) -> Callable[..., Any]:
+        """What every eager call with this call's key runs: ``entry(*tensors)`` returns what the
+        caller gets."""
+        plan = _REFERENCE
+        if uses_triton(call.backend):
+            key = (_meta_key(tensors, self._binds), tuple(call.settings.values()))
+            if self.passed:
+                key += (self._passed_key(call.passed),)
+            plan = self._kernel_plans.get(key, lambda: self.plan(call) or _REFERENCE)
         if plan is _REFERENCE:
-            values = call.settings
-            return lambda *ts: self.reference(*ts, **values)
+            return functools.partial(self.reference, **call.settings)
+        pick = self._picker
+        if self.passed:
+            return self._passing_entry(plan)
         wants_grad = bool(self.saved) and torch.is_grad_enabled()
         if wants_grad and any(_requires_grad(tensors[i]) for i in self._differentiable):
-            node = self._node
+            # a node class per plan: the plan rides on the class, so apply gets only the inputs
+            node = type(self._node.__name__, (self._node,), {"plan": plan})
             if len(self.outputs) == 1:  # the node returns the tensor itself
-                return lambda *ts: node.apply(plan, *ts)
-            return lambda *ts: self._pick(node.apply(plan, *ts))
-        return lambda *ts: self._pick(_as_tuple(plan.forward(*ts)))
+                return node.apply
+            return lambda *ts: pick(node.apply(*ts))
+        forward = plan.forward
+        if len(self.outputs) == 1:
+            return lambda *ts: _single(forward(*ts))
+        return lambda *ts: pick(forward(*ts))
+
+    def _passing_entry(self, plan) -> Callable[..., Any]:
+        """The entry of an op with per-call arguments (no backward): ``entry(*tensors,
+        **passed)``."""
+        forward, pick = plan.forward, self._picker
+        if len(self.outputs) == 1:
+            return lambda *ts, **passed: _single(forward(*ts, **passed))
+        return lambda *ts, **passed: pick(forward(*ts, **passed))
+
+    def _filled(self, call: Call, entry: Callable[..., Any]) -> Callable[..., Any]:
+        """``entry`` behind the makers of the defaults this kind of call needs (none: itself)."""
+        makers = [
+            (i, default(call))
+            for i, default in self._defaulted
+            if call.tensors[self._names[i]] is None
+        ]
+        makers = [(i, make) for i, make in makers if make is not None]
+        if not makers:
+            return entry
+
+        def filled(*tensors, **passed):
+            tensors = list(tensors)
+            for i, make in makers:
+                tensors[i] = make(**passed)
+            return entry(*tensors, **passed)
+
+        return filled
+
+    def _passed_key(self, passed: Mapping[str, Any]) -> tuple:
+        return tuple(s.key(passed.get(s.name)) for s in self.passed)
+
+    def _passed_from_op(self, settings: dict) -> dict:
+        """The per-call arguments among a custom op call's keywords (taken out of ``settings``),
+        as the plan takes them; those the op does not carry are ``None``."""
+        passed = {}
+        for s in self.passed:
+            value = settings.pop(s.name, None) if s.schema else None
+            passed[s.name] = value if s.from_op is None or value is None else s.from_op(value)
+        return passed
+
+    def _updated(self, tensors) -> tuple:
+        """The mutated inputs as the custom op returns them (an empty tensor for one left out)."""
+        return tuple(
+            tensors[0].new_empty(0) if tensors[i] is None else tensors[i] for i in self._mutated
+        )
 
     def _pick(self, outputs: tuple) -> Any:
         if len(self._returned) == 1:
@@ -359,28 +610,52 @@ class OpDeclaration:
     def _register(self, fake, backward_fake):
         decl = self
         names = self._names
-        kwargs = f", *, {', '.join(s.schema for s in self.settings)}" if self.settings else ""
+        keywords = [s.schema for s in self.settings]
+        keywords += [f"{s.schema} {s.name}" for s in self.passed if s.schema]
+        kwargs = f", *, {', '.join(keywords)}" if keywords else ""
         schema_in = ", ".join(s.schema for s in self.inputs) + kwargs
+        mutated = set(self._mutated)
 
         def forward_impl(*tensors, **settings):
-            plan = decl._kernel_plan(tensors, settings)
+            passed = decl._passed_from_op(settings) if decl.passed else {}
+            if mutated:  # the op is functional: it updates copies and returns them
+                tensors = tuple(
+                    t.clone() if i in mutated and t is not None else t
+                    for i, t in enumerate(tensors)
+                )
+            plan = decl._kernel_plan(tensors, settings, passed)
             if plan is _REFERENCE:  # a call the kernels do not cover (the plan said so)
-                result = _as_tuple(decl.reference(*tensors, **settings))
+                result = _as_tuple(decl.reference(*tensors, **settings, **passed))
                 if len(result) != len(decl.outputs):
                     raise RuntimeError(
                         f"{decl.qualname}: the reference returns the caller's outputs only, so "
                         "a plan of an op with internal outputs may not decline a call"
                     )
-                return _as_returned(result)
-            return _as_returned(plan.forward(*tensors))
+                return _as_returned((*result, *decl._updated(tensors)))
+            result = plan.forward(*tensors, **passed)
+            if mutated:
+                return _as_returned((*_as_tuple(result), *decl._updated(tensors)))
+            return _as_returned(result)
 
         op = torch.library.custom_op(
             self.qualname,
             forward_impl,
             mutates_args=(),
-            schema=f"({schema_in}) -> {_returns_schema(len(self.outputs))}",
+            schema=f"({schema_in}) -> {_returns_schema(len(self.outputs) + len(mutated))}",
         )
-        op.register_fake(lambda *tensors, **settings: _as_returned(fake(*tensors, **settings)))
+        if self.passed or mutated:
+            carried = [s.name for s in self.passed if s.schema]
+
+            def fake_impl(*tensors, **settings):
+                for name in carried:
+                    settings.pop(name)
+                made = _as_tuple(fake(*tensors, **settings))
+                updated = [torch.empty_like(t) for t in self._updated(tensors)]
+                return _as_returned((*made, *updated))
+
+            op.register_fake(fake_impl)
+        else:
+            op.register_fake(lambda *tensors, **settings: _as_returned(fake(*tensors, **settings)))
         if not self.saved:
             return op
 
@@ -457,11 +732,13 @@ class OpDeclaration:
             return ()
         return ([bool(needs_input_grad[i]) for i in self._differentiable],)
 
-    def _kernel_plan(self, tensors, settings) -> Any:
+    def _kernel_plan(self, tensors, settings, passed=None) -> Any:
         def build():
-            return self.plan(self.validate(tensors, None, settings)) or _REFERENCE
+            return self.plan(self.validate(tensors, None, settings, passed)) or _REFERENCE
 
         key = (_meta_key(tensors, self._binds), tuple(settings.values()))
+        if self.passed:
+            key += (self._passed_key(passed or {}),)
         return self._kernel_plans.get(key, build)
 
     def _kernel_plan_for_saved(self, saved, settings) -> Any:
@@ -523,15 +800,45 @@ def _requires_grad(t) -> bool:
     return isinstance(t, torch.Tensor) and t.requires_grad
 
 
-def _strides(tensors, which: Sequence[int]) -> tuple | None:
-    """The strides a plan binds, of the tensors at ``which`` (``None`` when an argument is not a
-    tensor or ``None``)."""
-    if not which:
-        return ()
-    try:
-        return tuple(None if tensors[i] is None else tensors[i].stride() for i in which)
-    except AttributeError:
-        return None
+def _single(value) -> Any:
+    """The one output of a plan's forward that returned it alone or in a tuple."""
+    return value[0] if isinstance(value, (tuple, list)) else value
+
+
+def _eager_key_function(
+    inputs: Sequence[TensorSpec], tracked: Sequence[int]
+) -> Callable[..., tuple]:
+    """``key(tensors, backend, settings, forced) -> tuple``, the eager plan key of a call, written
+    out for these inputs (a loop over specs would cost more than the lookup it serves): each
+    tensor's dtype, device, shape and strides (its contiguity where the plan binds no strides;
+    one ``None`` for an optional tensor left out), then, for an op with a backward, whether grad
+    mode is on and an input at ``tracked`` requires grad, then the other parts as given.
+
+    Raises ``AttributeError`` for a non-tensor where a tensor goes and ``ValueError`` for a wrong
+    number of tensors."""
+    names = [f"t{i}" for i in range(len(inputs))]
+    fields = []
+    for t, spec in zip(names, inputs):
+        layout = f"{t}.stride()" if spec.binds_strides else f"{t}.is_contiguous()"
+        meta = f"{t}.dtype, {t}.device, {t}.shape, {layout}"
+        fields.append(f"None if {t} is None else ({meta})" if spec.optional else meta)
+    if tracked:
+        wants = " or ".join(
+            f"({names[i]} is not None and {names[i]}.requires_grad)"
+            if inputs[i].optional
+            else f"{names[i]}.requires_grad"
+            for i in tracked
+        )
+        fields.append(f"grad_enabled() and ({wants})")
+    fields = [f"({f})" for f in fields] + ["backend", "settings", "forced"]
+    source = (
+        "def key(tensors, backend, settings, forced):\n"
+        f"    [{', '.join(names)}] = tensors\n"
+        f"    return ({', '.join(fields)})\n"
+    )
+    namespace: dict[str, Any] = {"grad_enabled": torch.is_grad_enabled}
+    exec(compile(source, "<eager plan key>", "exec"), namespace)
+    return namespace["key"]
 
 
 def _meta_key(tensors, binds: Sequence[bool] | None = None) -> tuple:
@@ -555,17 +862,19 @@ class _EagerNode(torch.autograd.Function):
     of microseconds per call); each declaration subclasses it with ``decl`` set."""
 
     decl: OpDeclaration
+    plan: Any
 
     @classmethod
-    def forward(cls, ctx, plan, *inputs):
+    def forward(cls, ctx, *inputs):
         decl = cls.decl
-        outputs = _as_tuple(plan.forward(*inputs))
+        outputs = cls.plan.forward(*inputs)
+        if isinstance(outputs, torch.Tensor):
+            outputs = (outputs,)
         if decl._hidden:
             ctx.mark_non_differentiable(*[outputs[i] for i in decl._hidden])
         if decl._keep_none_grads:
             ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*decl._saved_of(inputs, outputs))
-        ctx.plan = plan
+        ctx.save_for_backward(*decl._saved_from(inputs + tuple(outputs)))
         return outputs if len(outputs) > 1 else outputs[0]
 
     @classmethod
@@ -573,9 +882,9 @@ class _EagerNode(torch.autograd.Function):
         decl = cls.decl
         wanted = [grads[i] for i in decl._graded]
         if all(g is None for g in wanted):
-            return (None, *(None,) * len(decl.inputs))
+            return (None,) * len(decl.inputs)
         saved = decl._for_backward(ctx.saved_tensors)
         wanted = [None if g is None else g.contiguous() for g in wanted]
-        needs = decl._needs(ctx.needs_input_grad[1:])
-        computed = ctx.plan.backward(*wanted, *saved, *needs)
-        return (None, *decl._input_grads(computed, ctx.needs_input_grad[1:]))
+        needs = decl._needs(ctx.needs_input_grad)
+        computed = cls.plan.backward(*wanted, *saved, *needs)
+        return decl._input_grads(computed, ctx.needs_input_grad)

@@ -8,8 +8,10 @@ argument parsing around one driver call, so the optimisation level barely moves 
 
 :func:`install_fast_host_builds` plugs such a build into Triton's ``knobs.build.impl`` hook. Every
 op's backend choice calls it on its first Triton call. It leaves Triton alone when the hook is
-already taken (a user's own build wins), when Triton's build function is not the one this was
-written against, or when ``TRITON_DISPATCH_FAST_HOST_BUILD=0``.
+already taken (a user's own build wins), when the installed Triton is not one of
+:data:`FAST_HOST_BUILD_TRITON_VERSIONS` or its build function is not the one this was written
+against (the build repeats ``triton.runtime.build._build``'s command, an internal), or when
+``TRITON_DISPATCH_FAST_HOST_BUILD=0``.
 """
 
 from __future__ import annotations
@@ -21,13 +23,26 @@ import subprocess
 import sysconfig
 import threading
 
+from . import triton_version
+
+#: Triton releases (``"major.minor"``) whose ``triton.runtime.build._build`` :func:`fast_build`
+#: repeats at :data:`OPT_LEVEL`; on any other release Triton keeps its own builds.
+FAST_HOST_BUILD_TRITON_VERSIONS: tuple[str, ...] = ("3.6",)
 #: ``0`` keeps Triton's own ``-O3`` builds.
 FAST_HOST_BUILD_ENV_VAR = "TRITON_DISPATCH_FAST_HOST_BUILD"
 #: The optimisation level of launcher builds.
 OPT_LEVEL = "-O1"
 
 # the parameters of triton.runtime.build._build (Triton 3.6), whose command this build repeats
-_BUILD_PARAMETERS = ["name", "src", "srcdir", "library_dirs", "include_dirs", "libraries", "ccflags"]
+_BUILD_PARAMETERS = [
+    "name",
+    "src",
+    "srcdir",
+    "library_dirs",
+    "include_dirs",
+    "libraries",
+    "ccflags",
+]
 
 _lock = threading.Lock()
 _decided = False
@@ -71,7 +86,10 @@ def fast_build(
 
 
 def _hook_matches() -> bool:
-    """Whether this Triton has the build hook and the ``_build`` this module mirrors."""
+    """Whether this Triton is a release this module was written for and has the build hook and
+    the ``_build`` it mirrors."""
+    if not triton_version.triton_release_in(FAST_HOST_BUILD_TRITON_VERSIONS):
+        return False
     try:
         from triton import knobs
         from triton.runtime import build
@@ -119,6 +137,7 @@ def uninstall_fast_host_builds() -> None:
 
 __all__ = [
     "FAST_HOST_BUILD_ENV_VAR",
+    "FAST_HOST_BUILD_TRITON_VERSIONS",
     "OPT_LEVEL",
     "fast_build",
     "install_fast_host_builds",

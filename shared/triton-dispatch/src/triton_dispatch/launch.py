@@ -13,6 +13,13 @@ an op with, the first kind costs more host time than the kernel takes on the GPU
    Triton (autotuning, compiling), and records the compiled kernel, the tuned config and the grid;
    later launches call the compiled kernel's launcher directly, one C call.
 
+The direct launch relies on Triton internals: the compiled kernel's ``run``/``function``/
+``packed_metadata`` and the argument order of its launcher and of the C launch function behind
+it (:data:`LAUNCH_ARGUMENT_ORDER`). They are not public API and change between releases, so it is
+used only on the releases in :data:`FAST_LAUNCH_TRITON_VERSIONS` and only when the launcher's
+Python signatures are the expected ones (:func:`fast_launch_supported`); elsewhere every launch
+goes through Triton's public launcher, ``kernel[grid](*args, **meta)``, with the same results.
+
 Correctness rules the pieces keep:
 
 * the key holds everything a plan depends on: device (index included), dtypes, shapes, the
@@ -41,11 +48,29 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import autotune_mode, compile_ahead
+from . import autotune_mode, compile_ahead, triton_version
 from .backend import BACKEND_ENV_VAR, interpreter_enabled
 
 #: Set to ``0`` to build every call's plan afresh (no reuse).
 PLAN_CACHE_ENV_VAR = "TRITON_DISPATCH_PLAN_CACHE"
+
+#: Triton releases (``"major.minor"``) whose launcher internals :class:`KernelLaunch` calls
+#: directly: ``CompiledKernel.run(gridX, gridY, gridZ, stream, function, packed_metadata,
+#: launch_metadata, enter_hook, exit_hook, *args)``, the ``CudaLauncher`` behind it and its C
+#: ``launch`` (:data:`LAUNCH_ARGUMENT_ORDER`). On any other release launches go through Triton's
+#: public launcher. Add a release only after ``tests/test_launch.py`` passes against it (its
+#: launcher-order tests compile a kernel for ``sm_90`` on CPU and read the generated launcher).
+FAST_LAUNCH_TRITON_VERSIONS: tuple[str, ...] = ("3.6",)
+
+#: The leading parameters of the C ``launch`` function of Triton 3.6's generated CUDA launcher, as
+#: its source names them, in the order :func:`_direct_launcher` passes them; the kernel's own
+#: arguments follow. ``kernel_metadata`` is ``CompiledKernel.packed_metadata`` (``(num_warps,
+#: num_ctas, shared)``).
+LAUNCH_ARGUMENT_ORDER: tuple[str, ...] = (
+    "gridX", "gridY", "gridZ", "_stream", "_function", "launch_cooperative_grid", "launch_pdl",
+    "global_scratch_obj", "profile_scratch_obj", "kernel_metadata", "launch_metadata",
+    "launch_enter_hook", "launch_exit_hook",
+)  # fmt: skip
 
 P = TypeVar("P")
 
@@ -54,7 +79,12 @@ _CACHES: weakref.WeakSet[PlanCache] = weakref.WeakSet()
 
 def plan_cache_enabled() -> bool:
     """Whether plans are kept (``TRITON_DISPATCH_PLAN_CACHE`` is not ``0``)."""
-    return os.environ.get(PLAN_CACHE_ENV_VAR, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(PLAN_CACHE_ENV_VAR, "1").strip().lower() not in (
+        "0",
+        "false",
+        "no",
+        "off",
+    )
 
 
 def tensor_key(t: torch.Tensor | None) -> Hashable:
@@ -66,6 +96,24 @@ def tensor_key(t: torch.Tensor | None) -> Hashable:
     return (t.dtype, t.device, t.shape, t.is_contiguous(), t.requires_grad)
 
 
+def _environ_reader(name: str) -> Callable[[], Any]:
+    """``read()``: the current value of the environment variable ``name`` in a form fit for a key
+    (equal values read equal), for a lookup on every call. ``os.environ.get`` encodes the name and
+    decodes the value each time (most of a microsecond); CPython's ``os.environ`` keeps its encoded
+    contents in a dict that every assignment through ``os.environ`` updates, so the reader looks the
+    encoded name up there. Elsewhere it falls back to ``os.environ.get``."""
+    environ = os.environ
+    data, encode = getattr(environ, "_data", None), getattr(environ, "encodekey", None)
+    if isinstance(data, dict) and callable(encode):
+        encoded = encode(name)
+        return functools.partial(data.get, encoded)
+    return functools.partial(environ.get, name)
+
+
+#: The ``TRITON_DISPATCH_BACKEND`` part of a plan key (see :func:`_environ_reader`).
+forced_backend_key: Callable[[], Any] = _environ_reader(BACKEND_ENV_VAR)
+
+
 def call_key(tensors: Sequence[Any], *settings: Any) -> tuple | None:
     """The plan key of one call: :func:`tensor_key` of each tensor argument, the call's other
     settings (flags, backend request, ...), and the backend forced by ``TRITON_DISPATCH_BACKEND``.
@@ -74,7 +122,7 @@ def call_key(tensors: Sequence[Any], *settings: Any) -> tuple | None:
     unhashable setting): the op then takes its validating path, which raises its clear error.
     """
     try:
-        key = (*map(tensor_key, tensors), *settings, os.environ.get(BACKEND_ENV_VAR))
+        key = (*map(tensor_key, tensors), *settings, forced_backend_key())
         hash(key)
     except (AttributeError, TypeError):
         return None
@@ -102,7 +150,19 @@ class PlanCache(Generic[P]):
         if plan is not None:
             self.hits += 1
             return plan
-        plan = build()
+        return self.add(key, build())
+
+    def find(self, key: Hashable) -> P | None:
+        """The plan kept for ``key`` (a hit), or ``None``; an unhashable key raises ``TypeError``.
+        With :meth:`add`, the two halves of :meth:`get` for a caller that builds its plan only
+        after a miss (no ``build`` closure made per call)."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            self.hits += 1
+        return plan
+
+    def add(self, key: Hashable, plan: P) -> P:
+        """Keep ``plan``, just built after a miss, for ``key``; returns it."""
         self.misses += 1
         if plan_cache_enabled():
             if len(self._plans) >= self.maxsize:
@@ -119,7 +179,9 @@ class PlanCache(Generic[P]):
         return len(self._plans)
 
     def __repr__(self) -> str:
-        return f"PlanCache({self.name!r}, plans={len(self)}, hits={self.hits}, misses={self.misses})"
+        return (
+            f"PlanCache({self.name!r}, plans={len(self)}, hits={self.hits}, misses={self.misses})"
+        )
 
 
 def plan_caches() -> list[PlanCache]:
@@ -131,6 +193,38 @@ def clear_plan_caches() -> None:
     """Clear every plan cache."""
     for cache in plan_caches():
         cache.clear()
+
+
+@functools.cache
+def _launcher_api_matches() -> bool:
+    """Whether the Python side of Triton's launch path has the signatures the direct launch was
+    written against (Triton 3.6): ``CudaLauncher.__call__(gridX, gridY, gridZ, stream, function,
+    *args)``, ``JITFunction.run(*args, grid, warmup, **kwargs)`` and a ``CompiledKernel`` with
+    ``run``, ``_init_handles`` and ``launch_metadata``."""
+    import inspect
+
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+        from triton.compiler.compiler import CompiledKernel
+        from triton.runtime.jit import JITFunction
+
+        launcher = list(inspect.signature(CudaLauncher.__call__).parameters)
+        run = inspect.signature(JITFunction.run).parameters
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+    keyword_only = [n for n, p in run.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    return (
+        launcher == ["self", "gridX", "gridY", "gridZ", "stream", "function", "args"]
+        and keyword_only == ["grid", "warmup"]
+        and all(hasattr(CompiledKernel, n) for n in ("run", "_init_handles", "launch_metadata"))
+    )
+
+
+def fast_launch_supported() -> bool:
+    """Whether :class:`KernelLaunch` may call compiled kernels' launchers directly: the installed
+    Triton is one of :data:`FAST_LAUNCH_TRITON_VERSIONS` and its launch path has the expected
+    signatures. Otherwise every launch goes through Triton's public launcher."""
+    return triton_version.triton_release_in(FAST_LAUNCH_TRITON_VERSIONS) and _launcher_api_matches()
 
 
 @functools.cache
@@ -156,8 +250,10 @@ def _direct_launcher(compiled) -> Callable[..., None] | None:
     run = getattr(compiled, "run", None)
     needed = ("launch", "global_scratch_size", "profile_scratch_size", "launch_cooperative_grid",
               "launch_pdl")  # fmt: skip
-    if run is None or type(run).__name__ != "CudaLauncher" or not all(
-        hasattr(run, n) for n in needed
+    if (
+        run is None
+        or type(run).__name__ != "CudaLauncher"
+        or not all(hasattr(run, n) for n in needed)
     ):
         return None
     if run.global_scratch_size or run.profile_scratch_size:
@@ -213,8 +309,9 @@ class KernelLaunch:
 
     The first call with a new argument specialisation runs through Triton (autotuning and
     compiling as usual); later calls with the same specialisation call the compiled kernel's
-    launcher directly. Under the interpreter or on a device other than CUDA every call goes
-    through Triton.
+    launcher directly. Under the interpreter, on a device other than CUDA, or with a Triton
+    outside :data:`FAST_LAUNCH_TRITON_VERSIONS` (see :func:`fast_launch_supported`) every call goes
+    through Triton's public launcher.
     """
 
     def __init__(
@@ -239,7 +336,9 @@ class KernelLaunch:
         self.options = dict(options or {})
         self.device = torch.device(device)
         self.index = self.device.index if self.device.index is not None else 0
-        self.direct = self.device.type == "cuda" and not interpreter_enabled()
+        # compiled for a GPU: launched on the plan's device, directly where this Triton allows
+        self.on_gpu = self.device.type == "cuda" and not interpreter_enabled()
+        self.direct = self.on_gpu and fast_launch_supported()
         self._compiled: dict[tuple, tuple] = {}
         self.direct_launches = 0
 
@@ -334,13 +433,18 @@ class KernelLaunch:
             with torch.cuda.device(self.device):
                 compiled = self.kernel[grid](*positional, **values, **self.options)
             self._remember(compiled, args)
+        elif self.on_gpu:  # Triton's public launcher, every call
+            with torch.cuda.device(self.device):
+                self.kernel[grid](*positional, **values, **self.options)
         else:
             self.kernel[grid](*positional, **values, **self.options)
 
     def _remember(self, compiled, args: tuple) -> None:
         if compiled is None or not hasattr(compiled, "packed_metadata"):
             return
-        tuned = getattr(self.kernel, "best_config", None) if hasattr(self.kernel, "configs") else None
+        tuned = (
+            getattr(self.kernel, "best_config", None) if hasattr(self.kernel, "configs") else None
+        )
         meta = {**self.bound, **dict(zip(self.free, args))}
         if tuned is not None:
             meta.update({k: v for k, v in tuned.all_kwargs().items() if k in self.arg_names})
@@ -363,10 +467,13 @@ class KernelLaunch:
 
 
 __all__ = [
+    "FAST_LAUNCH_TRITON_VERSIONS",
+    "LAUNCH_ARGUMENT_ORDER",
     "PLAN_CACHE_ENV_VAR",
     "KernelLaunch",
     "PlanCache",
     "clear_plan_caches",
+    "fast_launch_supported",
     "plan_cache_enabled",
     "plan_caches",
     "tensor_key",

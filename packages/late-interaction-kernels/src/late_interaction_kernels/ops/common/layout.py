@@ -17,39 +17,12 @@ the backward kernels need no layout knowledge to find a winning document token.
 
 from __future__ import annotations
 
-import torch
-
 ALL_PAIRS = 0
 GROUPED = 1
 PAIRS = 2
 VARLEN = 3
 VARLEN_ALL_PAIRS = 4
 
-LAYOUT_NAMES = {
-    ALL_PAIRS: "all_pairs",
-    GROUPED: "grouped",
-    PAIRS: "pairs",
-    VARLEN: "varlen",
-    VARLEN_ALL_PAIRS: "varlen_all_pairs",
-}
-
 
 def num_pairs(layout: int, n_query: int, n_doc: int) -> int:
     return n_query * n_doc if layout in (ALL_PAIRS, GROUPED, VARLEN_ALL_PAIRS) else n_query
-
-
-def query_of_pair(layout: int, pairs: torch.Tensor, n_doc: int) -> torch.Tensor:
-    return pairs // n_doc if layout in (ALL_PAIRS, GROUPED) else pairs
-
-
-def query_rows(
-    layout: int, n_pairs: int, n_doc: int, lq: int, cu_q: torch.Tensor | None, device
-) -> torch.Tensor:
-    """``(n_pairs, lq)`` global row of ``Q2`` for every (pair, token) slot. Slots past a varlen
-    query's end may point past ``Q2``; their argmax is -1, so callers never read them."""
-    pairs = torch.arange(n_pairs, device=device)
-    t = torch.arange(lq, device=device)
-    if layout == VARLEN:
-        start = cu_q[:-1].to(device=device, dtype=torch.long)
-        return start[:, None] + t[None, :]
-    return query_of_pair(layout, pairs, n_doc)[:, None] * lq + t[None, :]

@@ -7,7 +7,7 @@ import torch
 
 from triton_dispatch import common_device, select_backend, uses_triton
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def check_tensor(name: str, t, rank: int | tuple[int, ...], layout_text: str) -> None:
@@ -16,7 +16,7 @@ def check_tensor(name: str, t, rank: int | tuple[int, ...], layout_text: str) ->
     ranks = (rank,) if isinstance(rank, int) else rank
     if t.dim() not in ranks:
         raise ValueError(f"{name} must be {layout_text}; got shape {tuple(t.shape)}")
-    if t.dtype not in _FLOAT_DTYPES:
+    if t.dtype not in FLOAT_DTYPES:
         raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
 
 

@@ -1,32 +1,22 @@
-"""MaxSim's public functions: the padded layouts (all pairs, per-query groups, pairs) through
-cached plans, the packed pairs through the custom op, and the one-time query-norm check."""
+"""MaxSim's public functions over its declaration (:mod:`.op`): the padded layouts (all pairs,
+per-query groups, pairs) and the packed pairs, and the one-time query-norm check."""
 
 from __future__ import annotations
 
 import torch
 
-from ..common.layout import VARLEN
+from ..common.layout import PAIRS, VARLEN
 from ..common.validation import backend_for, check_pair, check_tensor
-from .backward_method import resolve_backward
 from .norm_check import NORM_CHECK
-from .op import maxsim_forward
-from .plan import (
-    MAXSIM_PLANS,
-    PAIRS_PLANS,
-    maxsim_plan,
-    padded_call_key,
-    plan_call,
-    run_call,
-    zero_scores,
-)
-from .validation import (
-    check_cu,
-    check_normalize,
-    needs_grad,
-    resolve_maxsim,
-    resolve_pairs,
-    seqlens,
-)
+from .op import MAXSIM, needs_grad, zero_scores
+
+#: The eager plans of every MaxSim call (hits and misses count calls).
+MAXSIM_PLANS = MAXSIM._plans
+
+
+def _traced_backend(Q, backend):
+    """Under ``torch.compile``, float64 takes the reference (eager plans decline it)."""
+    return "torch" if getattr(Q, "dtype", None) == torch.float64 else backend
 
 
 def maxsim(
@@ -64,13 +54,13 @@ def maxsim(
     eligible call is looked at, and ``LIK_SUPPRESS_NORM_WARN=1`` silences it. See
     :mod:`.norm_check` for which call that is and why a warm call never pays a host read for it.
     """
-    if not normalize and NORM_CHECK.pending and not torch.compiler.is_compiling():
-        key = padded_call_key(Q, D, q_mask, d_mask, normalize, backward, backend)
-        if key is not None:
-            return _maxsim_checking_norms(key, Q, D, q_mask, d_mask, normalize, backward, backend)
-    return maxsim_unchecked(
-        Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
-    )
+    if torch.compiler.is_compiling():
+        backend = _traced_backend(Q, backend)
+    elif not normalize and NORM_CHECK.pending:
+        return _maxsim_checking_norms(Q, D, q_mask, d_mask, normalize, backward, backend)
+    method = "auto" if backward is None else backward
+    return MAXSIM(Q, D, q_mask, d_mask, None, None, normalize=normalize, backward=method,
+                  backend=backend)  # fmt: skip
 
 
 def maxsim_unchecked(
@@ -86,26 +76,22 @@ def maxsim_unchecked(
     """:func:`maxsim` without the query-norm warning, for this package's own callers: the ops
     built on MaxSim that 0.4.5 did not check (top-k, PLAID, varlen, ...) and the warm-up, whose
     random queries say nothing about the caller's."""
-    if not torch.compiler.is_compiling():
-        key = padded_call_key(Q, D, q_mask, d_mask, normalize, backward, backend)
-        if key is not None:
-            plan = MAXSIM_PLANS.get(
-                key, lambda: maxsim_plan(Q, D, q_mask, d_mask, normalize, backward, backend)
-            )
-            return plan(Q, D, q_mask, d_mask)
-    call = resolve_maxsim(Q, D, q_mask, d_mask, normalize, backward, backend)
-    return run_call(call, Q, D, q_mask, d_mask)
+    if torch.compiler.is_compiling():
+        backend = _traced_backend(Q, backend)
+    method = "auto" if backward is None else backward
+    return MAXSIM(Q, D, q_mask, d_mask, None, None, normalize=normalize, backward=method,
+                  backend=backend)  # fmt: skip
 
 
-def _maxsim_checking_norms(key, Q, D, q_mask, d_mask, normalize, backward, backend):
-    """An eager :func:`maxsim` call while the query-norm check is pending: the plan as usual (its
-    build validates the arguments first), then the check, told whether this call built the plan."""
+def _maxsim_checking_norms(Q, D, q_mask, d_mask, normalize, backward, backend):
+    """An eager :func:`maxsim` call while the query-norm check is pending: the call as usual (its
+    checks run first), then the check, told whether this call built its plan."""
     misses = MAXSIM_PLANS.misses
-    plan = MAXSIM_PLANS.get(
-        key, lambda: maxsim_plan(Q, D, q_mask, d_mask, normalize, backward, backend)
+    scores = maxsim_unchecked(
+        Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
     )
     NORM_CHECK(Q, D, building_plan=MAXSIM_PLANS.misses != misses)
-    return plan(Q, D, q_mask, d_mask)
+    return scores
 
 
 def maxsim_pairs(
@@ -122,22 +108,11 @@ def maxsim_pairs(
 
     Masks ``q_mask (B, Lq)`` and ``d_mask (B, Ld)``; other arguments as in :func:`maxsim`.
     """
-    if not torch.compiler.is_compiling():
-        key = padded_call_key(Q, D, q_mask, d_mask, normalize, backward, backend)
-        if key is not None:
-            plan = PAIRS_PLANS.get(
-                key,
-                lambda: plan_call(
-                    resolve_pairs(Q, D, q_mask, d_mask, normalize, backward, backend),
-                    Q,
-                    D,
-                    q_mask,
-                    d_mask,
-                ),
-            )
-            return plan(Q, D, q_mask, d_mask)
-    call = resolve_pairs(Q, D, q_mask, d_mask, normalize, backward, backend)
-    return run_call(call, Q, D, q_mask, d_mask)
+    if torch.compiler.is_compiling():
+        backend = _traced_backend(Q, backend)
+    method = "auto" if backward is None else backward
+    return MAXSIM(Q, D, q_mask, d_mask, None, None, layout=PAIRS, normalize=normalize,
+                  backward=method, backend=backend)  # fmt: skip
 
 
 def maxsim_varlen(
@@ -164,8 +139,8 @@ def maxsim_varlen(
     check_tensor("Q_packed", Q_packed, 2, "(total_q, d)")
     check_tensor("D_packed", D_packed, 2, "(total_d, d)")
     check_pair(Q_packed, D_packed, "Q_packed", "D_packed")
-    check_cu("cu_seqlens_q", cu_seqlens_q)
-    check_cu("cu_seqlens_d", cu_seqlens_d)
+    _check_cu("cu_seqlens_q", cu_seqlens_q)
+    _check_cu("cu_seqlens_d", cu_seqlens_d)
     if cu_seqlens_q.numel() != cu_seqlens_d.numel():
         raise ValueError(
             "cu_seqlens_q and cu_seqlens_d must have the same length B + 1; got "
@@ -174,11 +149,9 @@ def maxsim_varlen(
     tensors = [Q_packed, D_packed, cu_seqlens_q, cu_seqlens_d]
     chosen = backend_for(tensors, ["Q_packed", "D_packed", "cu_seqlens_q", "cu_seqlens_d"], backend)
     b = cu_seqlens_q.numel() - 1
-    method = resolve_backward(backward, VARLEN, b, 1)
-    normalize = check_normalize(normalize)
     if not torch.compiler.is_compiling():
-        q_lens = seqlens("cu_seqlens_q", cu_seqlens_q, Q_packed.shape[0])
-        d_lens = seqlens("cu_seqlens_d", cu_seqlens_d, D_packed.shape[0])
+        q_lens = _seqlens("cu_seqlens_q", cu_seqlens_q, Q_packed.shape[0])
+        d_lens = _seqlens("cu_seqlens_d", cu_seqlens_d, D_packed.shape[0])
         if max_seqlen_q is None:
             max_seqlen_q = int(q_lens.max()) if b > 0 else 0
         if needs_grad(Q_packed, D_packed) and b > 0 and bool((d_lens == 0).any()):
@@ -190,12 +163,27 @@ def maxsim_varlen(
         raise ValueError("maxsim_varlen under torch.compile needs max_seqlen_q")
     if b == 0 or max_seqlen_q == 0:
         return zero_scores((b,), Q_packed, D_packed)
-    ld = int(max_seqlen_d) if max_seqlen_d is not None else 0
-    scores, _ = maxsim_forward(
-        Q_packed.contiguous(),
-        D_packed.contiguous(),
-        None, None, cu_seqlens_q.contiguous(), cu_seqlens_d.contiguous(),
-        VARLEN, b, 1, int(max_seqlen_q), ld, needs_grad(Q_packed, D_packed), chosen, method,
-        normalize,
+    return MAXSIM(
+        Q_packed, D_packed, None, None, cu_seqlens_q.contiguous(), cu_seqlens_d.contiguous(),
+        layout=VARLEN, lq=int(max_seqlen_q), ld=0 if max_seqlen_d is None else int(max_seqlen_d),
+        normalize=normalize, backward="auto" if backward is None else backward,
+        backend="torch" if chosen == "torch" else backend,
     )  # fmt: skip
-    return scores
+
+
+def _check_cu(name: str, cu) -> None:
+    if not isinstance(cu, torch.Tensor):
+        raise TypeError(f"{name} must be an int32/int64 tensor of shape (B + 1,)")
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be int32 or int64, got {cu.dtype}")
+    if cu.dim() != 1 or cu.numel() < 1:
+        raise ValueError(f"{name} must have shape (B + 1,), got {tuple(cu.shape)}")
+
+
+def _seqlens(name: str, cu: torch.Tensor, rows: int) -> torch.Tensor:
+    lengths = cu[1:] - cu[:-1]
+    if cu.numel() > 1 and (bool((lengths < 0).any()) or int(cu[0]) < 0 or int(cu[-1]) > rows):
+        raise ValueError(
+            f"{name} must be non-decreasing offsets within the {rows} packed rows; got {cu.tolist()}"
+        )
+    return lengths

@@ -1,233 +1,279 @@
-"""MaxSim as PyTorch custom ops (forward and backward), so it runs inside
-``torch.compile(fullgraph=True)`` and CUDA graphs without graph breaks.
+"""MaxSim's declaration: from it ``triton_dispatch`` derives the custom ops
+``late_interaction_kernels::maxsim`` and ``..._backward`` (fakes and autograd included, so
+``torch.compile(fullgraph=True)`` and CUDA graphs run it without a break), the eager autograd
+node, the plan cache, the reference route and the argument checks.
 
-Both ops work on the flattened problem of :mod:`..common.layout`; the public functions of
-:mod:`.dispatch` build it. ``backend`` is ``"torch"`` (reference path) or ``"triton"`` (the kernels,
-compiled or interpreted).
+One declaration serves every layout of :mod:`..common.layout`: padded queries ``Q (Nq, Lq, d)``
+against ``D (Nd, Ld, d)`` (all pairs) or ``D (Nq, K, Ld, d)`` (each query's own K documents), or
+with ``layout=PAIRS`` query ``i`` against document ``i`` of ``D (B, Ld, d)``; packed tokens
+``(total, d)`` with ``cu_seqlens_q``/``cu_seqlens_d`` and the longest query ``lq`` (``layout=VARLEN``:
+pair ``b``; ``VARLEN_ALL_PAIRS``: every query against every document, ``ld`` the longest document).
+The backward reads the argmax rows the forward saves when the call will be differentiated.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
-from ..common.layout import num_pairs
-from .reference import compute_dtype
-from .torch_path import backward_torch, forward_torch
+from triton_dispatch.declaration import OpDeclaration, SettingSpec, TensorSpec
 
-_EMPTY = (0,)
+from ..common.layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN, VARLEN_ALL_PAIRS, num_pairs
+from ..common.validation import FLOAT_DTYPES, check_mask, check_pair, check_tensor
+from .reference import (
+    compute_dtype,
+    maxsim_pairs_reference,
+    maxsim_reference,
+    maxsim_varlen_reference,
+)
+
+BACKWARD_METHODS = ("auto", "unified", "lowmem")
+
+#: All-pairs batches with at least this many (query, document) pairs go to ``lowmem`` under
+#: ``auto``; ``None``: never. Measured on an H100 (BENCHMARKS.md), ``unified`` beat ``lowmem``'s
+#: CSR kernel on every in-batch square (128×128 and 256×256 pairs, Ld 300 and 1030) in time and in
+#: memory: the documents of an in-batch step are few, so its fp32 gradient buffer is small, while
+#: the CSR kernel's sort of the argmax rows grows with the number of pairs.
+AUTO_LOWMEM_MIN_PAIRS: int | None = None
 
 
-def _triton_forward(*args):
-    from .forward import maxsim_forward_triton
+def resolve_backward(
+    backward: str | None, layout: int, n_query: int, n_doc: int, lq: int | None = None
+) -> str:
+    """The backward method a call will use: ``"unified"`` (fp32 atomics) or ``"lowmem"`` (no
+    atomics, no fp32 gradient buffer).
 
-    return maxsim_forward_triton(*args)
+    ``None``/``"auto"`` picks ``lowmem`` wherever it runs its dense kernel, which writes
+    ``grad_D`` once with neither a sort nor an fp32 buffer: the 4-D (query × its own K documents)
+    layout, pairs, and all-pairs calls whose queries hold few tokens in all (a rerank with
+    gradients; ``lq`` is the query length, ``None`` if unknown). In-batch all-pairs calls and
+    varlen get ``unified`` (see :data:`AUTO_LOWMEM_MIN_PAIRS`).
+    """
+    from .backward_plan import uses_dense_kernel
+
+    method = "auto" if backward is None else backward
+    if not isinstance(method, str) or method not in BACKWARD_METHODS:
+        raise ValueError(
+            f"backward={backward!r} is not a backward method; expected None or one of "
+            + ", ".join(map(repr, BACKWARD_METHODS))
+        )
+    if method != "auto":
+        return method
+    if layout in (GROUPED, PAIRS) or (lq is not None and uses_dense_kernel(layout, n_query, lq)):
+        return "lowmem"
+    many = AUTO_LOWMEM_MIN_PAIRS is not None and n_query * n_doc >= AUTO_LOWMEM_MIN_PAIRS
+    return "lowmem" if layout == ALL_PAIRS and many else "unified"
 
 
-def _triton_backward(*args, **kwargs):
-    from .backward_plan import maxsim_backward_triton
+def sizes(named) -> tuple[int, int, int, int, int, tuple[int, ...]]:
+    """``(layout, n_query, n_doc, lq, ld, scores' shape)`` of a checked call (``named``: its
+    tensors and settings by name); the ``ALL_PAIRS`` setting with a 4-D ``D`` is ``GROUPED``."""
+    layout, Q, D = named["layout"], named["Q"], named["D"]
+    if layout >= VARLEN:
+        nq = named["cu_seqlens_q"].shape[0] - 1
+        if layout == VARLEN:
+            return layout, nq, 1, named["lq"], named["ld"], (nq,)
+        nd = named["cu_seqlens_d"].shape[0] - 1
+        return layout, nq, nd, named["lq"], named["ld"], (nq, nd)
+    nq, lq, ld = Q.shape[0], Q.shape[1], D.shape[-2]
+    if layout == PAIRS:
+        return PAIRS, nq, 1, lq, ld, (nq,)
+    nd = D.shape[-3]
+    return (GROUPED if D.dim() == 4 else ALL_PAIRS), nq, nd, lq, ld, (nq, nd)
 
-    return maxsim_backward_triton(*args, **kwargs)
+
+def needs_grad(*tensors: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-@torch.library.custom_op("late_interaction_kernels::maxsim_forward", mutates_args=())
-def maxsim_forward_op(
-    Q2: torch.Tensor,
-    D2: torch.Tensor,
-    q_mask: torch.Tensor | None,
-    d_mask: torch.Tensor | None,
-    cu_q: torch.Tensor | None,
-    cu_d: torch.Tensor | None,
-    layout: int,
-    n_query: int,
-    n_doc: int,
-    lq: int,
-    ld: int,
-    save_argmax: bool,
-    backend: str,
-    method: str,
-    normalize: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores ``(pairs,)`` and the argmax rows ``(pairs, lq)`` (``(0,)`` when not saved).
-    ``method`` is only read by the backward."""
-    args = (
-        Q2,
-        D2,
-        q_mask,
-        d_mask,
-        cu_q,
-        cu_d,
-        layout,
-        n_query,
-        n_doc,
-        lq,
-        ld,
-        save_argmax,
-        normalize,
+def zero_scores(shape, Q: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
+    # stays attached to the graph (zero gradients) when the inputs require grad
+    out = torch.zeros(shape, dtype=compute_dtype(Q.dtype), device=Q.device)
+    if needs_grad(Q, D):
+        out = out + (Q.sum() + D.sum()).to(out.dtype) * 0
+    return out
+
+
+def _degenerate(layout, nq, nd, lq, ld) -> bool:
+    """Nothing to score: an empty padded batch, or zero-length queries or documents."""
+    return layout < VARLEN and min(nq, nd, lq, ld) == 0
+
+
+_PADDED_SHAPES = {
+    ALL_PAIRS: ("(Nq, Lq, d)", (3, 4), "(Nd, Ld, d) or (Nq, K, Ld, d)"),
+    PAIRS: ("(B, Lq, d)", 3, "(B, Ld, d)"),
+}
+
+
+def _check(call) -> None:
+    """The checks of a padded call (the packed layouts' entry points check theirs)."""
+    if call["layout"] >= VARLEN:
+        return
+    Q, D = call["Q"], call["D"]
+    q_text, d_ranks, d_text = _PADDED_SHAPES[call["layout"]]
+    check_tensor("Q", Q, 3, q_text)
+    check_tensor("D", D, d_ranks, d_text)
+    check_pair(Q, D)
+    nq, lq = Q.shape[:2]
+    if call["layout"] == PAIRS and D.shape[0] != nq:
+        raise ValueError(f"Q and D must hold the same number of pairs B; got {nq} and {D.shape[0]}")
+    if D.dim() == 4 and D.shape[0] != nq:
+        raise ValueError(
+            f"a 4-D D must be (Nq, K, Ld, d) with Nq={nq} from Q; got shape {tuple(D.shape)}"
+        )
+    check_mask("q_mask", call["q_mask"], (nq, lq))
+    check_mask("d_mask", call["d_mask"], tuple(D.shape[:-1]))
+    if D.shape[-2] == 0 and call["save_argmax"]:
+        raise ValueError(
+            "documents have zero length (Ld=0) while gradients are required: MaxSim has no "
+            "gradient there; drop empty documents or mask them with d_mask instead"
+        )
+
+
+def _reference(Q, D, q_mask, d_mask, cu_q, cu_d, *, layout, lq, ld, normalize, **_):
+    """The scores in plain PyTorch (:mod:`.reference`), differentiable; zeros attached to the
+    graph when there is nothing to score."""
+    layout, nq, nd, lq, ld, shape = sizes(
+        dict(Q=Q, D=D, cu_seqlens_q=cu_q, cu_seqlens_d=cu_d, layout=layout, lq=lq, ld=ld)
     )
-    scores, argmax = forward_torch(*args) if backend == "torch" else _triton_forward(*args)
-    if not save_argmax:  # eager plans share one empty tensor; an op's outputs must be its own
-        argmax = Q2.new_empty(_EMPTY, dtype=torch.int32)
-    return scores, argmax
+    if _degenerate(layout, nq, nd, lq, ld):
+        return zero_scores(shape, Q, D)
+    # eager: the argmax-scatter backward; traced, the plain reference (its host-side loops and
+    # no-grad blocks have no place in a graph)
+    if layout != VARLEN_ALL_PAIRS and needs_grad(Q, D) and not torch.compiler.is_compiling():
+        from .torch_path import ReferenceMaxSim
+
+        return ReferenceMaxSim.apply(
+            Q, D, q_mask, d_mask, cu_q, cu_d, layout, nq, nd, lq, ld, normalize
+        ).reshape(shape)
+    if layout == VARLEN:
+        return maxsim_varlen_reference(Q, D, cu_q, cu_d, normalize=normalize)
+    if layout == VARLEN_ALL_PAIRS:
+        from ..varlen.reference import maxsim_varlen_all_pairs_reference
+
+        if normalize:
+            Q, D = (F.normalize(x.to(compute_dtype(x.dtype)), dim=-1) for x in (Q, D))
+        return maxsim_varlen_all_pairs_reference(Q, D, cu_q, cu_d)
+    if layout == PAIRS:
+        return maxsim_pairs_reference(Q, D, q_mask, d_mask, normalize=normalize)
+    return maxsim_reference(Q, D, q_mask, d_mask, normalize=normalize)
 
 
-@maxsim_forward_op.register_fake
-def _(
-    Q2, D2, q_mask, d_mask, cu_q, cu_d, layout, n_query, n_doc, lq, ld, save_argmax, backend, method,
-    normalize,
-):  # fmt: skip
-    n_pairs = num_pairs(layout, n_query, n_doc)
-    dtype = compute_dtype(Q2.dtype) if backend == "torch" else torch.float32
-    scores = Q2.new_empty((n_pairs,), dtype=dtype)
-    shape = (n_pairs, lq) if save_argmax else _EMPTY
-    return scores, Q2.new_empty(shape, dtype=torch.int32)
+class MaxSimPlan:
+    """The launches of one kind of call, bound once: the forward plan
+    (:class:`.forward.ForwardPlan`) over the flattened tokens, and the backward plan
+    (:class:`.backward_plan.BackwardPlan`) of the gradients autograd will ask for, compiled beside
+    the forward's kernels. ``forward`` views the caller's tensors as token rows (copying only a
+    strided one) and returns the scores in the caller's shape."""
 
+    def __init__(self, named, forward: bool) -> None:
+        from .backward_plan import BACKWARD_PLANS, BackwardPlan
+        from .forward import FORWARD_PLANS, ForwardPlan
 
-@torch.library.custom_op("late_interaction_kernels::maxsim_backward", mutates_args=())
-def maxsim_backward_op(
-    grad: torch.Tensor,
-    Q2: torch.Tensor,
-    D2: torch.Tensor,
-    argmax: torch.Tensor,
-    cu_q: torch.Tensor | None,
-    layout: int,
-    n_query: int,
-    n_doc: int,
-    lq: int,
-    backend: str,
-    method: str,
-    need_q: bool,
-    need_d: bool,
-    normalize: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(grad_Q2, grad_D2)``; an unneeded gradient comes back as an empty ``(0,)`` tensor."""
-    return _backward_impl(
-        grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method, need_q, need_d,
-        normalize,
-    )  # fmt: skip
+        Q, D = named["Q"], named["D"]
+        self.layout, nq, nd, lq, self.ld, self.shape = sizes(named)
+        self.dim, dtype, device, normalize = Q.shape[-1], Q.dtype, Q.device, named["normalize"]
+        self.q_rows, self.d_rows = math.prod(Q.shape[:-1]), math.prod(D.shape[:-1])
+        method = resolve_backward(named["backward"], self.layout, nq, nd, lq)
+        self._backward_meta = (self.layout, nq, nd, lq, self.q_rows, self.d_rows, self.dim, dtype,
+                               device, method)  # fmt: skip
+        self._normalize, self._plans, self._new = normalize, BACKWARD_PLANS, BackwardPlan
+        self.needs, self.bound = (Q.requires_grad, D.requires_grad), None
+        if not forward:
+            return
+        save_argmax = named["save_argmax"]
+        meta = (self.layout, nq, nd, lq, self.ld, self.dim, dtype, device,
+                named["q_mask"] is not None, named["d_mask"] is not None, save_argmax, normalize,
+                self.q_rows, self.d_rows)  # fmt: skip
+        self.launch = FORWARD_PLANS.get(meta, lambda: ForwardPlan(*meta))
+        if save_argmax:  # its kernels compile beside the forward's
+            self.bound = self._backward_plan(self.needs, compile_ahead=True)
 
+    def _backward_plan(self, needs, compile_ahead: bool = False):
+        meta = (*self._backward_meta, *needs, self._normalize)
 
-def _backward_impl(
-    grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method, need_q, need_d,
-    normalize,
-):  # fmt: skip
-    if backend == "torch":
-        gq, gd = backward_torch(
-            grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, normalize=normalize
-        )
-    else:
-        gq, gd = _triton_backward(
-            grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, method,
-            need_q=need_q, need_d=need_d, normalize=normalize,
-        )  # fmt: skip
-    gq = gq if need_q else Q2.new_empty(_EMPTY)
-    gd = gd if need_d else D2.new_empty(_EMPTY)
-    return gq, gd
+        def build():
+            plan = self._new(*meta)
+            if compile_ahead:
+                plan.compile_ahead()
+            return plan
 
+        return self._plans.get(meta, build)
 
-@maxsim_backward_op.register_fake
-def _(
-    grad, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method, need_q, need_d,
-    normalize,
-):  # fmt: skip
-    gq = torch.empty_like(Q2) if need_q else Q2.new_empty(_EMPTY)
-    gd = torch.empty_like(D2) if need_d else D2.new_empty(_EMPTY)
-    return gq, gd
-
-
-def _setup_context(ctx, inputs, output):
-    (Q2, D2, _, _, cu_q, _, layout, n_query, n_doc, lq, _, save_argmax, backend, method,
-     normalize) = inputs  # fmt: skip
-    ctx.save_for_backward(Q2, D2, output[1], cu_q)
-    ctx.meta = (layout, n_query, n_doc, lq, save_argmax, backend, method, normalize)
-
-
-def _backward(ctx, grad_scores, _grad_argmax):
-    Q2, D2, argmax, cu_q = ctx.saved_tensors
-    layout, n_query, n_doc, lq, save_argmax, backend, method, normalize = ctx.meta
-    if not save_argmax:
-        raise RuntimeError(
-            "maxsim: the forward ran without saving argmax indices (grad mode was off or no input "
-            "required grad), so it cannot be differentiated"
-        )
-    need_q, need_d = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-    gq, gd = maxsim_backward_op(
-        grad_scores, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method,
-        need_q, need_d, normalize,
-    )  # fmt: skip
-    return (gq if need_q else None, gd if need_d else None) + (None,) * 13
-
-
-maxsim_forward_op.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _EagerMaxSim(torch.autograd.Function):
-    """The same forward and backward as the registered ops, for eager calls: a custom op's
-    dispatch (autograd wrapper, a dynamo-disabled kernel per op) costs hundreds of microseconds
-    of host time per training step, more than the kernels of a typical in-batch step."""
-
-    @staticmethod
-    def forward(ctx, *args):
-        (Q2, D2, _, _, cu_q, _, layout, n_query, n_doc, lq, _, save_argmax, backend, method,
-         normalize) = args  # fmt: skip
-        scores, argmax = _forward_impl(*args)
-        ctx.mark_non_differentiable(argmax)
-        ctx.save_for_backward(Q2, D2, argmax, cu_q)
-        ctx.meta = (layout, n_query, n_doc, lq, save_argmax, backend, method, normalize)
-        return scores, argmax
-
-    @staticmethod
-    def backward(ctx, grad_scores, _grad_argmax):
-        Q2, D2, argmax, cu_q = ctx.saved_tensors
-        layout, n_query, n_doc, lq, _, backend, method, normalize = ctx.meta
-        need_q, need_d = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        gq, gd = _backward_impl(
-            grad_scores, Q2, D2, argmax, cu_q, layout, n_query, n_doc, lq, backend, method,
-            need_q, need_d, normalize,
-        )  # fmt: skip
-        return (gq if need_q else None, gd if need_d else None) + (None,) * 13
-
-
-class PlannedMaxSim(torch.autograd.Function):
-    """An eager training call whose forward and backward launches are already planned
-    (``plans = (forward plan, backward plan, q_rows, d_rows, ld, out_shape)``): one autograd node
-    over the caller's own tensors, reshaped inside (no view nodes), the least host work a
-    training step's scoring can cost."""
-
-    @staticmethod
-    def forward(ctx, Q, D, q_mask, d_mask, plans):
-        forward, backward, q_rows, d_rows, ld, out_shape = plans
-        Q2 = Q.reshape(q_rows, Q.shape[-1]).contiguous()
-        D2 = D.reshape(d_rows, D.shape[-1]).contiguous()
+    def forward(self, Q, D, q_mask, d_mask, cu_q, cu_d):
+        Q2 = Q.reshape(self.q_rows, self.dim).contiguous()
+        D2 = D.reshape(self.d_rows, self.dim).contiguous()
         qm = None if q_mask is None else q_mask.contiguous()
-        dm = None if d_mask is None else d_mask.contiguous().view(-1, ld)
-        scores, argmax = forward(Q2, D2, qm, dm, None, None)
-        ctx.save_for_backward(Q2, D2, argmax)
-        ctx.backward_plan = backward
-        ctx.shapes = (Q.shape, D.shape)
-        return scores.view(out_shape)
+        dm = None if d_mask is None else d_mask.contiguous().view(-1, self.ld)
+        scores, argmax = self.launch(Q2, D2, qm, dm, cu_q, cu_d)
+        return scores.view(self.shape), argmax
 
-    @staticmethod
-    def backward(ctx, grad_scores):
-        Q2, D2, argmax = ctx.saved_tensors
-        gq, gd = ctx.backward_plan(grad_scores.reshape(-1), Q2, D2, argmax, None)
-        q_shape, d_shape = ctx.shapes
-        gq = gq.view(q_shape) if gq is not None and ctx.needs_input_grad[0] else None
-        gd = gd.view(d_shape) if gd is not None and ctx.needs_input_grad[1] else None
-        return gq, gd, None, None, None
+    def backward(self, grad, Q, D, argmax, cu_q, cu_d, needs):
+        needs = tuple(needs)
+        bound = needs == self.needs and self.bound is not None
+        plan = self.bound if bound else self._backward_plan(needs)
+        gq, gd = plan(grad.reshape(-1), Q.view(self.q_rows, self.dim),
+                      D.view(self.d_rows, self.dim), argmax, cu_q)  # fmt: skip
+        return None if gq is None else gq.view(Q.shape), None if gd is None else gd.view(D.shape)
 
 
-def _forward_impl(*args) -> tuple[torch.Tensor, torch.Tensor]:
-    backend, normalize = args[12], args[14]
-    inputs = (*args[:12], normalize)
-    return forward_torch(*inputs) if backend == "torch" else _triton_forward(*inputs)
+def _plan(call):
+    # float64 has no Triton dot worth having: the reference computes it exactly
+    if call["Q"].dtype == torch.float64 or _degenerate(*sizes(call)[:5]):
+        return None
+    return MaxSimPlan(call, forward=True)
 
 
-def maxsim_forward(*args) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`maxsim_forward_op` under ``torch.compile``; the same computation without the
-    custom-op machinery in eager mode (an autograd function when gradients are needed, a direct
-    call for inference), whose dispatch costs as much as the kernels at small shapes."""
-    if torch.compiler.is_compiling():
-        return maxsim_forward_op(*args)
-    if args[11]:  # save_argmax: gradients are needed
-        return _EagerMaxSim.apply(*args)
-    return _forward_impl(*args)
+def _fake(Q, D, q_mask, d_mask, cu_q, cu_d, *, save_argmax, **settings):
+    layout, nq, nd, lq, _, shape = sizes(
+        dict(Q=Q, D=D, cu_seqlens_q=cu_q, cu_seqlens_d=cu_d, **settings)
+    )
+    rows = (num_pairs(layout, nq, nd), lq) if save_argmax else (0,)
+    return Q.new_empty(shape, dtype=torch.float32), Q.new_empty(rows, dtype=torch.int32)
+
+
+def _tokens(name: str, shape: str) -> TensorSpec:
+    # shapes and strides are checked by _check (padded) or the packed entry points; a strided
+    # tensor is copied per call, so plans key on contiguity, not strides
+    return TensorSpec(name, FLOAT_DTYPES, shape, binds_strides=False,
+                      dtypes_expected="float16, bfloat16, float32 or float64")  # fmt: skip
+
+
+def _extra(name: str, dtypes, expected: str) -> TensorSpec:
+    return TensorSpec(name, dtypes, "", optional=True, differentiable=False, binds_strides=False,
+                      dtypes_expected=expected)  # fmt: skip
+
+
+MAXSIM = OpDeclaration(
+    "late_interaction_kernels::maxsim",
+    inputs=[
+        _tokens("Q", "(Nq, Lq, d)"),
+        _tokens("D", "(Nd, Ld, d) or (Nq, K, Ld, d)"),
+        _extra("q_mask", (torch.bool,), "a bool tensor (True = valid token)"),
+        _extra("d_mask", (torch.bool,), "a bool tensor (True = valid token)"),
+        _extra("cu_seqlens_q", (torch.int32, torch.int64), "int32 or int64"),
+        _extra("cu_seqlens_d", (torch.int32, torch.int64), "int32 or int64"),
+    ],
+    settings=[
+        SettingSpec("layout", int, ALL_PAIRS, choices=(ALL_PAIRS, PAIRS, VARLEN, VARLEN_ALL_PAIRS)),
+        SettingSpec("lq", int, 0),  # the packed layouts' longest query
+        SettingSpec("ld", int, 0),  # and longest document
+        SettingSpec("normalize", bool, False),
+        SettingSpec("backward", str, "auto", choices=BACKWARD_METHODS, type_error=ValueError),
+        SettingSpec("save_argmax", bool, False),  # filled in: whether the call is differentiated
+    ],
+    grad_setting="save_argmax",
+    check=_check,
+    outputs=("scores", "argmax"),
+    returns=("scores",),
+    saved=("Q", "D", "argmax", "cu_seqlens_q", "cu_seqlens_d"),
+    backward_needs=True,
+    reference=_reference,
+    plan=_plan,
+    fake=_fake,
+    backward_fake=lambda grad, Q, D, *_, **__: (Q.new_empty(Q.shape), D.new_empty(D.shape)),
+    backward_plan=lambda named: MaxSimPlan(named, forward=False),
+    node_name="PlannedMaxSim",
+)

@@ -70,6 +70,8 @@ def block_scores(
 
 
 def _check_budget(*sizes: int) -> int:
+    if torch.compiler.is_compiling():  # a traced call is one block: its sizes may be symbolic
+        return CHUNK_ELEMENTS
     n = 1
     for s in sizes:
         n *= max(int(s), 1)

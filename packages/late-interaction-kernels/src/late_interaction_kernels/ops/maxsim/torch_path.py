@@ -1,17 +1,30 @@
-"""The PyTorch backend of the MaxSim op on the flattened problem of :mod:`..common.layout`.
-
-Forward evaluates :mod:`.reference` (chunked, so it never holds the whole similarity tensor);
-backward scatters from the saved argmax indices, like the kernels do.
-"""
+"""The reference route's gradients: :class:`ReferenceMaxSim` scores with :mod:`.reference`
+(chunked, without a graph, so it never holds the whole similarity tensor) and its backward
+scatters from the saved argmax, like the kernels: memory of ``pairs × Lq`` indices instead of every
+similarity block autograd would keep, and a tie's gradient going to its first token, as in
+``torch.max(dim)`` (``amax`` would split it)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..common.layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN, num_pairs, query_rows
+from ..common.layout import ALL_PAIRS, GROUPED, PAIRS, VARLEN, num_pairs
 from ..common.normalize import normalize_backward
 from .reference import compute_dtype, maxsim_reference, maxsim_varlen_reference
+
+
+def query_rows(
+    layout: int, n_pairs: int, n_doc: int, lq: int, cu_q: torch.Tensor | None, device
+) -> torch.Tensor:
+    """``(n_pairs, lq)`` token row of the flattened queries for every (pair, token) slot; slots
+    past a varlen query's end may point past them, but their argmax is -1."""
+    t = torch.arange(lq, device=device)
+    if layout == VARLEN:
+        return cu_q[:-1].to(device=device, dtype=torch.long)[:, None] + t[None, :]
+    pairs = torch.arange(n_pairs, device=device)
+    query = pairs // n_doc if layout in (ALL_PAIRS, GROUPED) else pairs
+    return query[:, None] * lq + t[None, :]
 
 
 @torch.no_grad()
@@ -101,4 +114,36 @@ def backward_torch(
     return grad_q.to(Q2.dtype), grad_d.to(D2.dtype)
 
 
-__all__ = ["backward_torch", "forward_torch"]
+class ReferenceMaxSim(torch.autograd.Function):
+    """Scores ``(pairs,)`` of ``Q``/``D`` in the caller's shapes (any layout but packed all-pairs)
+    with the argmax-scatter backward."""
+
+    @staticmethod
+    def forward(ctx, Q, D, q_mask, d_mask, cu_q, cu_d, layout, n_query, n_doc, lq, ld, normalize):
+        d = Q.shape[-1]
+        scores, argmax = forward_torch(
+            Q.reshape(-1, d), D.reshape(-1, d), q_mask, d_mask, cu_q, cu_d, layout, n_query,
+            n_doc, lq, ld, True, normalize,
+        )  # fmt: skip
+        ctx.save_for_backward(Q, D, argmax, cu_q)
+        ctx.layout, ctx.n_query, ctx.n_doc, ctx.lq, ctx.normalize = (
+            layout,
+            n_query,
+            n_doc,
+            lq,
+            normalize,
+        )
+        return scores
+
+    @staticmethod
+    def backward(ctx, grad):
+        Q, D, argmax, cu_q = ctx.saved_tensors
+        d = Q.shape[-1]
+        grad_q, grad_d = backward_torch(
+            grad.reshape(-1), Q.reshape(-1, d), D.reshape(-1, d), argmax, cu_q, ctx.layout,
+            ctx.n_query, ctx.n_doc, ctx.lq, ctx.normalize,
+        )  # fmt: skip
+        return grad_q.view(Q.shape), grad_d.view(D.shape), *(None,) * 10
+
+
+__all__ = ["ReferenceMaxSim", "backward_torch", "forward_torch"]

@@ -1,19 +1,16 @@
-"""``maxsim_residual``: the fused kernel through its custom op on the Triton backend, chunks of
-decompressed documents through :func:`maxsim` elsewhere."""
+"""``maxsim_residual``: the checks, then its declaration (:mod:`.op`): the fused kernel on the
+Triton backend, chunks of decompressed documents through :func:`maxsim` elsewhere."""
 
 from __future__ import annotations
 
 import torch
 
-from triton_dispatch import common_device, select_backend, uses_triton
+from triton_dispatch import common_device
 
 from ..maxsim import maxsim_unchecked
-from .op import residual_forward_op
+from .op import DEFAULT_CHUNK_SIZE, RESIDUAL
 from .reference import decompress
 from .validation import check_values, validate
-
-#: Documents decompressed per chunk when none is given.
-DEFAULT_CHUNK_SIZE = 1024
 
 
 def maxsim_residual(
@@ -97,30 +94,17 @@ def _score(
     Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size,
     backend,
 ) -> torch.Tensor:  # fmt: skip
-    device = common_device([Q, doclens])
-    chosen = select_backend(device=device, backend=backend)
-    needs_grad = Q.requires_grad and torch.is_grad_enabled()
-    if uses_triton(chosen) and Q.dtype != torch.float64:
-        offsets = torch.cat([doclens.new_zeros(1), doclens.cumsum(0)]).to(torch.int64)
-        scores, _ = residual_forward_op(
-            Q.contiguous(),
-            None if q_mask is None else q_mask.contiguous(),
-            centroids.contiguous(),
-            codes.contiguous(),
-            packed_residuals.contiguous(),
-            bucket_weights.contiguous(),
-            offsets,
-            nbits,
-            needs_grad,
-        )
-        return scores
-    return _decompress_and_score(
-        Q, centroids, codes, packed_residuals, bucket_weights, doclens, nbits, q_mask, chunk_size,
-        "torch" if chosen == "torch" else None,
+    common_device([Q, doclens])
+    if torch.compiler.is_compiling() and Q.dtype == torch.float64:
+        backend = "torch"  # eager plans decline float64: traced, it takes the reference
+    return RESIDUAL(
+        Q.contiguous(), None if q_mask is None else q_mask.contiguous(), centroids.contiguous(),
+        codes.contiguous(), packed_residuals.contiguous(), bucket_weights.contiguous(), doclens,
+        nbits=nbits, chunk_size=chunk_size, backend=backend,
     )  # fmt: skip
 
 
-def _decompress_and_score(
+def decompress_and_score(
     Q, centroids, codes, packed, weights, doclens, nbits, q_mask, chunk_size, backend
 ) -> torch.Tensor:
     """The PyTorch path: decompress ``chunk_size`` documents at a time, then :func:`maxsim`."""

@@ -8,8 +8,8 @@ import torch
 from ..common.layout import VARLEN_ALL_PAIRS
 from ..common.packed import check_devices, check_offsets, loop_bound, pad
 from ..common.validation import backend_for
-from ..maxsim import maxsim_pairs, maxsim_unchecked, resolve_backward
-from ..maxsim.op import maxsim_forward
+from ..maxsim import maxsim_pairs, maxsim_unchecked
+from ..maxsim.op import MAXSIM
 
 
 def _check_packed(Q_packed, D_packed) -> None:
@@ -77,13 +77,11 @@ def maxsim_varlen(
         and isinstance(normalize, bool)
     )
     if packed_kernels:
-        grad = torch.is_grad_enabled() and (Q_packed.requires_grad or D_packed.requires_grad)
-        scores, _ = maxsim_forward(
-            Q_packed.contiguous(), D_packed.contiguous(), None, None, cu_seqlens_q.contiguous(),
-            cu_seqlens_d.contiguous(), VARLEN_ALL_PAIRS, nq, nd, lq, ld, grad, "triton",
-            resolve_backward(backward, VARLEN_ALL_PAIRS, nq, nd), normalize,
+        return MAXSIM(
+            Q_packed, D_packed, None, None, cu_seqlens_q.contiguous(), cu_seqlens_d.contiguous(),
+            layout=VARLEN_ALL_PAIRS, lq=lq, ld=ld, normalize=normalize,
+            backward="auto" if backward is None else backward, backend=backend,
         )  # fmt: skip
-        return scores.view(nq, nd)
     # the PyTorch and float64 paths, and degenerate batches: padded blocks through maxsim
     Q, q_mask = pad(Q_packed, cu_seqlens_q, q_lengths, lq)
     D, d_mask = pad(D_packed, cu_seqlens_d, d_lengths, ld)

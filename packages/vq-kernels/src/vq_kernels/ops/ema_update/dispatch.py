@@ -1,14 +1,12 @@
-"""``ema_statistics`` and ``ema_update_``: the plan cache and the backend dispatch."""
+"""``ema_statistics`` and ``ema_update_``: the public functions over the declared ops
+(``op.py``)."""
 
 from __future__ import annotations
 
 import torch
 
-from triton_dispatch.launch import PlanCache, call_key
-
-from .op import ema_statistics_op
-from .plan import apply_update, plan_update
-from .validation import DEFAULT_FOR_SEMANTICS, check_statistics, resolve_update
+from .op import EMA_STATISTICS, EMA_UPDATE
+from .validation import DEFAULT_FOR_SEMANTICS, DEFAULT_THRESHOLDS
 
 
 def ema_statistics(
@@ -22,16 +20,10 @@ def ema_statistics(
     """Per-code counts ``(K,)`` and fp32 sums ``(K, D)`` of the rows of ``x (B, D)`` assigned by
     ``codes (B,)`` (or ``(L, K)``/``(L, K, D)`` for stacked ``x (L, B, D)``, ``codes (L, B)``),
     without a ``(B, K)`` one-hot. Non-finite rows and codes outside ``[0, K)`` are ignored."""
-    chosen = check_statistics(x, codes, backend)
-    stacked = x.dim() == 3
-    counts, sums = ema_statistics_op(
-        x.detach() if stacked else x.detach().unsqueeze(0),
-        codes if stacked else codes.unsqueeze(0),
-        int(num_codes),
-        bool(deterministic),
-        chosen,
+    x = x.detach() if isinstance(x, torch.Tensor) else x
+    return EMA_STATISTICS(
+        x, codes, num_codes=int(num_codes), deterministic=bool(deterministic), backend=backend
     )
-    return (counts, sums) if stacked else (counts[0], sums[0])
 
 
 def ema_update_(
@@ -108,57 +100,11 @@ def ema_update_(
     ``B = 0`` without a process group is a documented no-op: nothing changes (counters included)
     and no code is restarted.
     """
-    if not torch.compiler.is_compiling():
-        key = call_key(
-            (x, codes, codebook, cluster_size, embed_sum, steps_since_active, candidates),
-            decay, eps, semantics, dead_threshold, deterministic, check_codes, backend,
-            None if generator is None else generator.device, process_group is None,
-        )  # fmt: skip
-        if key is not None:
-            plan = _PLANS.get(
-                key,
-                lambda: plan_update(
-                    x,
-                    codes,
-                    codebook,
-                    cluster_size,
-                    embed_sum,
-                    steps_since_active,
-                    decay,
-                    eps,
-                    semantics,
-                    dead_threshold,
-                    candidates,
-                    generator,
-                    deterministic,
-                    check_codes,
-                    backend,
-                    process_group is not None,
-                ),
-            )
-            if process_group is not None:
-                return plan(
-                    x, codes, codebook, cluster_size, embed_sum, steps_since_active, candidates,
-                    generator, process_group,
-                )  # fmt: skip
-            return plan(
-                x,
-                codes,
-                codebook,
-                cluster_size,
-                embed_sum,
-                steps_since_active,
-                candidates,
-                generator,
-            )
-    call = resolve_update(
-        x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps, semantics,
-        dead_threshold, candidates, generator, backend,
+    if dead_threshold is DEFAULT_FOR_SEMANTICS:
+        dead_threshold = DEFAULT_THRESHOLDS.get(semantics) if isinstance(semantics, str) else None
+    return EMA_UPDATE(
+        x, codes, codebook, cluster_size, embed_sum, steps_since_active, candidates, decay=decay,
+        eps=eps, semantics=semantics, dead_threshold=dead_threshold, deterministic=deterministic,
+        check_codes=check_codes, generator=generator, process_group=process_group,
+        backend=backend,
     )  # fmt: skip
-    return apply_update(
-        call, x, codes, codebook, cluster_size, embed_sum, steps_since_active, decay, eps,
-        semantics, candidates, generator, deterministic, process_group, check_codes,
-    )  # fmt: skip
-
-
-_PLANS: PlanCache = PlanCache("vq_kernels.ema_update_")
