@@ -28,6 +28,7 @@ from .reference import (
     maxsim_reference,
     maxsim_varlen_reference,
 )
+from .torch_path import ReferenceMaxSim
 
 BACKWARD_METHODS = ("auto", "unified", "lowmem")
 
@@ -143,8 +144,6 @@ def _reference(Q, D, q_mask, d_mask, cu_q, cu_d, *, layout, lq, ld, normalize, *
     # eager: the argmax-scatter backward; traced, the plain reference (its host-side loops and
     # no-grad blocks have no place in a graph)
     if layout != VARLEN_ALL_PAIRS and needs_grad(Q, D) and not torch.compiler.is_compiling():
-        from .torch_path import ReferenceMaxSim
-
         return ReferenceMaxSim.apply(
             Q, D, q_mask, d_mask, cu_q, cu_d, layout, nq, nd, lq, ld, normalize
         ).reshape(shape)

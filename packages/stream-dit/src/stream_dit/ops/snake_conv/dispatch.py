@@ -17,12 +17,25 @@ _DTYPES = (*_KERNEL_DTYPES, torch.float64)
 _POINTWISE_MAX = 128  # a 1x1 convolution folds in only while a row of channels fits one tile
 
 
-def _padded(n: int, block: int) -> int:
+def _padded_size(n: int, block: int) -> int:
     """``n`` rounded up to a power of two (at least 16, what ``tl.dot`` takes) below ``block``,
     to a multiple of ``block`` above it."""
     if n <= block:
         return max(16, next_power_of_2(n))
     return -(-n // block) * block
+
+
+class _Padded(NamedTuple):
+    """A layer's tensors as the kernel reads them (zero-padded to its tiles, constants float32)."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor
+    pw_alpha: torch.Tensor
+    pw_inv_beta: torch.Tensor
+    pw_weight: torch.Tensor
+    pw_bias: torch.Tensor
+    out_alpha: torch.Tensor
+    out_inv_beta: torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,7 +61,7 @@ class SnakeConv:
     taps: int
     in_channels: int
     out_channels: int
-    _kernel_args: tuple[torch.Tensor, ...]
+    _tensors: _Padded
     _cin_p: int
     _n_p: int
 
@@ -125,8 +138,8 @@ def prepare_snake_conv(
         raise ValueError("a layer must store its output, its out_snake, or both")
 
     block_k = 64
-    cin_p = _padded(cin, block_k)
-    n_p = max(16, next_power_of_2(n)) if pointwise is not None else _padded(n, 128)
+    cin_p = _padded_size(cin, block_k)
+    n_p = max(16, next_power_of_2(n)) if pointwise is not None else _padded_size(n, 128)
     w = weight.new_zeros(taps, cin_p, n_p)
     w[:, :cin, :n] = weight
     pw_alpha = pw_inv_beta = pw_bias = pw_w = None
@@ -147,16 +160,18 @@ def prepare_snake_conv(
     if out_snake is not None:
         out_alpha = _vector(out_snake.alpha, cout, cout, "out_snake.alpha", weight)
         out_inv_beta = _vector(out_snake.inv_beta, cout, cout, "out_snake.inv_beta", weight)
+
     # unused pointers get a float32 stand-in of the right device; the kernel never reads them
-    spare = bias_p
-    kernel_args = (
-        w, bias_p,
-        *(spare if v is None else v for v in (pw_alpha, pw_inv_beta, pw_w, pw_bias)),
-        *(spare if v is None else v for v in (out_alpha, out_inv_beta)),
+    def given(t: torch.Tensor | None) -> torch.Tensor:
+        return bias_p if t is None else t
+
+    padded = _Padded(
+        w, bias_p, given(pw_alpha), given(pw_inv_beta), given(pw_w), given(pw_bias),
+        given(out_alpha), given(out_inv_beta),
     )  # fmt: skip
     return SnakeConv(
         weight, bias, dilation, padding, phases, shift, pointwise, out_snake, bool(store_out),
-        taps, cin, cout, kernel_args, cin_p, n_p,
+        taps, cin, cout, padded, cin_p, n_p,
     )  # fmt: skip
 
 
@@ -255,14 +270,14 @@ def snake_conv(
     activated = None if layer.out_snake is None else _output(shape, x)
     interpret = chosen == "interpret"
     tiles = launch_config(layer, rows * batch, interpret)
-    w, bias, pw_alpha, pw_inv_beta, pw_w, pw_bias, out_alpha, out_inv_beta = layer._kernel_args
+    k = layer._tensors
     grid = (-(-rows // tiles.block_m), layer._n_p // tiles.block_n, batch)
     snake_conv_kernel[grid](
-        x, w, bias, pw_alpha, pw_inv_beta, pw_w, pw_bias,
+        x, k.weight, k.bias, k.pw_alpha, k.pw_inv_beta, k.pw_weight, k.pw_bias,
         x if residual is None else residual,
         x if out is None else out,
         x if activated is None else activated,
-        out_alpha, out_inv_beta,
+        k.out_alpha, k.out_inv_beta,
         length_in, out_length, rows,
         CIN=layer.in_channels, CIN_P=layer._cin_p, N=layer.phases * layer.out_channels,
         N_P=layer._n_p, COUT=layer.out_channels, TAPS=layer.taps, DIL=layer.dilation,
