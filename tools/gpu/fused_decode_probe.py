@@ -77,6 +77,9 @@ def main() -> None:
             flops = 2 * rows * layer.taps * layer.in_channels * layer.phases * layer.out_channels
             if layer.pointwise is not None:
                 flops += 2 * rows * layer.out_channels**2
+            if layer.head is not None:  # the decoder's last convolution, folded in
+                flops += 2 * rows * layer.out_channels * layer.head.weight[0].numel()
+                kind = "unit+head"
             ms = do_bench(lambda a=inp, w=layer, r=res: snake_conv(a, w, residual=r), rep=30)
             layers.append({"kind": kind, "in": layer.in_channels, "out": layer.out_channels,
                            "phases": layer.phases, "rows": inp.shape[1], "ms_per_60s": ms * PER_60S,

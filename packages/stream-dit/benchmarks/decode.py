@@ -33,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from stream_dit import Request, StreamSession, TorchEngine
-from stream_dit.decode import AudioDecoder, DecoderEngine, decode_windowed
+from stream_dit.decode import AudioDecoder, DecoderEngine, decode_windowed, window_lengths
 from stream_dit.model import build_denoiser
 from triton_dispatch.bench import (
     BenchRecord,
@@ -85,7 +85,7 @@ def _decode_records(args, device, dtype, env) -> list[BenchRecord]:
     for mode in args.modes:
         for window in args.windows:
             for batch in args.batches:
-                graph_lengths = None if mode == "eager" else (window,)
+                graph_lengths = None if mode == "eager" else window_lengths(window, args.align)
                 engine = DecoderEngine(
                     adapter, max_batch=batch, mode=mode, graph_lengths=graph_lengths
                 )
@@ -93,7 +93,7 @@ def _decode_records(args, device, dtype, env) -> list[BenchRecord]:
                 def ours(engine=engine, window=window, batch=batch):
                     return decode_windowed(
                         engine, latent, hop=adapter.hop, window=window, context=context,
-                        crossfade=1, batch=batch,
+                        crossfade=1, batch=batch, align=args.align,
                     )  # fmt: skip
 
                 name = f"decode_{args.seconds:g}s[{mode},w{window},b{batch}]"
@@ -114,7 +114,7 @@ def _decode_records(args, device, dtype, env) -> list[BenchRecord]:
                     BenchRecord(
                         name=name,
                         shape={**shape, "mode": mode, "window": window, "batch": batch,
-                               "context": context, "crossfade": 1},
+                               "align": args.align, "context": context, "crossfade": 1},
                         baseline="diffusers AutoencoderOobleck.decode (full)",
                         baseline_ms=base_ms,
                         ours_ms=ms,
@@ -171,11 +171,11 @@ def _e2e(args, device, dtype, cfg: bool, with_decoder: bool) -> dict:
         vae = build_vae(args.vae, seed=0, device=device, dtype=dtype)
         mode = args.modes[-1]
         window, batch = args.e2e_window or args.windows[0], args.e2e_batch or args.batches[0]
-        graph_lengths = None if mode == "eager" else (window,)
+        graph_lengths = None if mode == "eager" else window_lengths(window, args.align)
         dec_engine = DecoderEngine(
             OobleckAdapter(vae), max_batch=batch, mode=mode, graph_lengths=graph_lengths
         )
-        decoder = AudioDecoder(dec_engine, window=window, crossfade=1)
+        decoder = AudioDecoder(dec_engine, window=window, crossfade=1, window_align=args.align)
     session = StreamSession(
         model, engine, depth=depth, max_queue=4 * args.requests, decoder=decoder
     )
@@ -268,6 +268,10 @@ def main() -> None:
     )
     parser.add_argument("--windows", default="128,256", help="window lengths in frames")
     parser.add_argument("--batches", default="2,1", help="windows per decoder call")
+    parser.add_argument(
+        "--align", type=int, default=16,
+        help="window lengths shortened to multiples of this (0: full windows)",
+    )  # fmt: skip
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--requests", type=int, default=None, help="timed e2e requests")
     parser.add_argument("--dit-mode", default=None, help="DiT engine mode (default graphs)")

@@ -68,10 +68,18 @@ def test_adapter_equals_vae_decode_and_leaves_the_vae_alone(tiny, seed):
 
 
 @pytest.mark.parametrize(
-    "frames,window,crossfade,batch",
-    [(17, 32, 1, 1), (33, 32, 1, 2), (90, 32, 0, 3), (97, 40, 3, 2), (150, 48, 1, 4)],
+    "frames,window,crossfade,batch,align",
+    [
+        (17, 32, 1, 1, 0),
+        (33, 32, 1, 2, 0),
+        (90, 32, 0, 3, 0),
+        (97, 40, 3, 2, 0),
+        (150, 48, 1, 4, 0),
+        (97, 40, 3, 2, 8),
+        (150, 48, 1, 4, 16),
+    ],
 )
-def test_windowed_decode_equals_full_decode(tiny, seed, frames, window, crossfade, batch):
+def test_windowed_decode_equals_full_decode(tiny, seed, frames, window, crossfade, batch, align):
     """With the derived context, every sample (seams included) equals the full decode."""
     _, adapter = tiny
     context = adapter.receptive_field.context_frames()
@@ -79,8 +87,9 @@ def test_windowed_decode_equals_full_decode(tiny, seed, frames, window, crossfad
     with torch.no_grad():
         ref = adapter(z[None])[0]
         out = decode_windowed(
-            adapter, z, hop=32, window=window, context=context, crossfade=crossfade, batch=batch
-        )
+            adapter, z, hop=32, window=window, context=context, crossfade=crossfade,
+            batch=batch, align=align,
+        )  # fmt: skip
     assert out.shape == ref.shape and out.dtype == torch.float32
     err = (out - ref).abs().max() / ref.abs().max()
     assert err <= EXACT, f"relative error {err:.2e}"
@@ -126,6 +135,38 @@ def test_plan_covers_the_latent_with_equal_windows():
     assert single.windows == 1 and single.length == 100 and single.crossfade == 0
 
 
+@pytest.mark.parametrize("align", [1, 8, 16])
+def test_aligned_windows_are_the_shortest_multiple_that_needs_no_more(align):
+    for frames in (129, 300, 777, 1500, 4000):
+        for window, context, crossfade in ((128, 9, 1), (256, 9, 1), (64, 4, 0)):
+            full = plan_windows(frames, window, context, crossfade)
+            plan = plan_windows(frames, window, context, crossfade, align=align)
+            assert plan.windows == full.windows
+            if plan.windows == 1:  # a latent no longer than a window is decoded whole
+                assert plan.length == frames
+                continue
+            assert plan.length % align == 0 or plan.length == window
+            assert plan.length <= window
+            assert plan.starts[0] == 0 and plan.starts[-1] == frames - plan.length
+            assert list(plan.starts) == sorted(plan.starts)
+            for k in range(1, plan.windows):  # window k is exact from where it takes over
+                assert plan.starts[k] + context <= plan.seams[k - 1] - crossfade
+            shorter = plan.length - align
+            if shorter > 2 * context + crossfade:  # one multiple less would need more windows
+                assert plan_windows(frames, shorter, context, crossfade).windows > plan.windows
+    assert plan_windows(1500, 256, 9, 1, align=16).length == 240  # 7 windows: 1680, not 1792
+    assert plan_windows(100, 128, 9, 1, align=16).length == 100  # one window: the latent's own
+
+
+def test_window_lengths_lists_what_aligned_plans_give():
+    from stream_dit.decode import window_lengths
+
+    assert window_lengths(128) == (128,)
+    assert window_lengths(40, 16) == (16, 32, 40)
+    for frames in range(41, 400, 7):
+        assert plan_windows(frames, 40, 4, 1, align=16).length in window_lengths(40, 16)
+
+
 @pytest.mark.parametrize(
     "args,match",
     [
@@ -135,11 +176,13 @@ def test_plan_covers_the_latent_with_equal_windows():
         ((10, 32, 4, -2), "crossfade"),
         ((10, 9, 4, 1), "window=9 must exceed"),
         ((10, 32, 2.5, 1), "context"),
+        ((10, 32, 4, 1, -1), "align"),
+        ((10, 32, 4, 1, 1.5), "align"),
     ],
 )
 def test_plan_refuses_bad_arguments(args, match):
     with pytest.raises(ValueError, match=match):
-        plan_windows(*args)
+        plan_windows(*args[:4], **({"align": args[4]} if len(args) > 4 else {}))
 
 
 def test_engine_times_cudnn_algorithms_only_inside_its_calls():

@@ -108,6 +108,21 @@ def test_snake_conv_layers_in_bf16(monkeypatch, name):
             assert_close(g, w, tol=1e-2)
 
 
+@pytest.mark.parametrize("head", [(7, 2, 1), (3, 1, 2)])
+def test_snake_conv_head_in_bf16(monkeypatch, head):
+    """A 128-channel unit with the decoder's last convolution folded in (GPU tiles, many row
+    tiles, bf16) against the float64 spec."""
+    unit = (7, 3, 128, 128, 1, 0, True, True, True, False, 700)
+    gen = torch.Generator().manual_seed(2)
+    layer, ref_layer, x, r = _layer(gen, unit, torch.bfloat16, "cuda", head=head)
+    poisoned_outputs(monkeypatch)
+    x16, r16 = x.to("cuda", torch.bfloat16), r.to("cuda", torch.bfloat16)
+    _, audio = snake_conv(x16, layer, residual=r16)
+    _, want = snake_conv(x16.double().cpu(), ref_layer, residual=r16.double().cpu())
+    assert audio.shape == (2, 700, head[1])
+    assert_close(audio, want, tol=1e-2)
+
+
 def test_fused_decoder_is_closer_to_float32_than_the_bf16_adapter(published):
     """The fused decoder's Snake runs in float32 on rounded activations: over the published VAE its
     bf16 decode must be no further from a float32 decode than diffusers' own bf16 decode."""

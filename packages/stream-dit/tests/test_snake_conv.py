@@ -1,11 +1,14 @@
 """The Snake-convolution layer against its float64 spec, and the fused Oobleck decoder against
 diffusers' own modules (an independent reference: ``nn.Conv1d``/``nn.ConvTranspose1d``)."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import stream_dit.ops.snake_conv.dispatch as dispatch
 from stream_dit.ops.snake_conv import (
+    Head,
     Pointwise,
     Snake,
     prepare_snake_conv,
@@ -34,7 +37,8 @@ def _snake(gen, c):
     return Snake(torch.randn(c, generator=gen).mul(0.3).exp(), torch.rand(c, generator=gen) + 0.5)
 
 
-def _layer(gen, case, dtype, device):
+def _layer(gen, case, dtype, device, head=None):
+    """``head``: ``(taps, C_head, dilation)`` of a last convolution on the Snake output."""
     taps, dil, cin, cout, phases, shift, pw, res, act, store, length = case
     w = torch.randn(taps, cin, phases * cout, generator=gen) / (taps * cin) ** 0.5
     b = torch.randn(phases * cout, generator=gen)
@@ -44,6 +48,10 @@ def _layer(gen, case, dtype, device):
                               torch.randn(cout, generator=gen))  # fmt: skip
     out_snake = _snake(gen, cout) if act else None
     padding = 1 if phases > 1 else None
+    if head is not None:
+        h_taps, h_out, h_dil = head
+        h_w = torch.randn(h_taps, cout, h_out, generator=gen) / (h_taps * cout) ** 0.5
+        head = (h_w, torch.randn(h_out, generator=gen), h_dil, h_dil * (h_taps - 1) // 2)
 
     def build(dt, dev):
         cast = lambda t: t.to(dev, dt)
@@ -51,9 +59,10 @@ def _layer(gen, case, dtype, device):
             Snake(*(cast(t) for t in pointwise.snake)), cast(pointwise.weight), cast(pointwise.bias)
         )  # fmt: skip
         osn = None if out_snake is None else Snake(*(cast(t) for t in out_snake))
+        hd = None if head is None else Head(cast(head[0]), cast(head[1]), *head[2:])
         return prepare_snake_conv(
             cast(w), cast(b), dilation=dil, padding=padding, phases=phases, shift=shift,
-            pointwise=pwise, out_snake=osn, store_out=store,
+            pointwise=pwise, out_snake=osn, store_out=store, head=hd,
         )  # fmt: skip
 
     x = torch.randn(2, length, cin, generator=gen)
@@ -91,6 +100,43 @@ def test_layer_matches_float64_spec_into_poisoned_buffers(rng, device, monkeypat
             assert_close(got, want, tol=tol, name=what)
 
 
+@pytest.mark.parametrize(
+    ("name", "head", "dtype"),
+    [
+        ("unit-pointwise", (7, 2, 1), torch.float32),
+        ("unit-pointwise", (4, 3, 2), torch.float32),
+        ("dilated-residual-snake", (3, 1, 1), torch.float32),
+        ("unit-pointwise", (7, 2, 1), torch.float16),
+    ],
+)
+def test_head_matches_float64_spec_into_poisoned_buffers(
+    rng, device, monkeypatch, name, head, dtype
+):
+    """A last convolution folded into the epilogue equals that convolution of the Snake output
+    (neighbours' partial sums across tile edges, zero padding at both ends)."""
+    layer, ref_layer, x, r = _layer(rng, LAYERS[name], dtype, device, head=head)
+    poisoned_outputs(monkeypatch)
+    out, audio = snake_conv(
+        x.to(device, dtype), layer, residual=None if r is None else r.to(device, dtype)
+    )
+    want_out, want_audio = snake_conv(
+        x.double(), ref_layer, residual=None if r is None else r.double()
+    )
+    _, act = snake_conv(x.double(), dataclasses.replace(ref_layer, head=None),
+                        residual=None if r is None else r.double())  # fmt: skip
+    conv = torch.nn.functional.conv1d(  # the head as torch's own convolution
+        act.transpose(1, 2), ref_layer.head.weight.permute(2, 1, 0), ref_layer.head.bias,
+        dilation=head[2], padding=ref_layer.head.padding,
+    ).transpose(1, 2)  # fmt: skip
+    torch.testing.assert_close(want_audio, conv, rtol=1e-12, atol=1e-12)
+    assert (out is None) == (want_out is None)
+    assert audio.shape == (2, x.shape[1], head[1]) and audio.dtype == dtype
+    tol = {torch.float32: 1e-5, torch.float16: 2e-3}[dtype]
+    assert_close(audio, want_audio, tol=tol, name="head_out")
+    if out is not None:
+        assert_close(out, want_out, tol=tol, name="out")
+
+
 def test_reference_backend_is_the_spec(rng):
     layer, _, x, r = _layer(rng, LAYERS["dilated-residual-snake"], torch.float32, "cpu")
     got = snake_conv(x, layer, residual=r, backend="torch")
@@ -125,6 +171,15 @@ def test_bad_inputs(rng):
         prepare_snake_conv(w, dilation=0)
     with pytest.raises(ValueError, match="must store its output"):
         prepare_snake_conv(w, store_out=False)
+    act = _snake(rng, 20)
+    with pytest.raises(ValueError, match="head needs phases == 1"):
+        prepare_snake_conv(w, head=Head(torch.randn(7, 20, 2), None, 1, 3))  # no out_snake
+    with pytest.raises(ValueError, match=r"head.weight must be \(taps, 20, C_head\)"):
+        prepare_snake_conv(w, out_snake=act, head=Head(torch.randn(7, 19, 2), None, 1, 3))
+    with pytest.raises(ValueError, match="head must keep the length"):
+        prepare_snake_conv(w, out_snake=act, head=Head(torch.randn(7, 20, 2), None, 1, 2))
+    with pytest.raises(TypeError, match=r"head\.weight must be torch\.float32"):
+        prepare_snake_conv(w, out_snake=act, head=Head(torch.randn(7, 20, 2).double(), None, 1, 3))
     empty = snake_conv(x[:0], layer, residual=r[:0])
     assert empty[0].shape == (0, 21, 20) and empty[1].shape == (0, 21, 20)
 

@@ -47,6 +47,11 @@ def _decoder_arguments(p: argparse.ArgumentParser) -> None:
         "which makes windows exact)",
     )
     p.add_argument("--decode-crossfade", type=int, default=1, help="crossfade frames at seams")
+    p.add_argument(
+        "--decode-align", type=int, default=16,
+        help="shorten a latent's windows to the shortest multiple of this many frames that needs "
+        "no more windows (0: every window --decode-window frames)",
+    )  # fmt: skip
     p.add_argument("--decode-batch", type=int, default=2, help="windows per decoder call")
 
 
@@ -64,6 +69,7 @@ def _build_decoder(args: argparse.Namespace, dtype: torch.dtype, latent_channels
         window=args.decode_window,
         context=args.decode_context,
         crossfade=args.decode_crossfade,
+        window_align=args.decode_align,
         batch_windows=args.decode_batch,
         latent_channels=latent_channels,
     )

@@ -12,7 +12,7 @@
 from .engine import DECODER_MODES, DecoderEngine
 from .receptive_field import ReceptiveField, oobleck_receptive_field
 from .stage import AudioDecoder
-from .windows import Stitcher, WindowPlan, decode_windowed, plan_windows
+from .windows import Stitcher, WindowPlan, decode_windowed, plan_windows, window_lengths
 
 __all__ = [
     "DECODER_MODES",
@@ -24,4 +24,5 @@ __all__ = [
     "decode_windowed",
     "oobleck_receptive_field",
     "plan_windows",
+    "window_lengths",
 ]

@@ -4,19 +4,18 @@
 constants computed) and computes what it computes, channels-last: every Snake is applied once,
 by the layer that produces its input; a residual unit of up to 128 channels is one launch
 (dilated convolution, Snake, 1×1 convolution, residual add, the next Snake); wider units are two;
-a transposed convolution is one GEMM whose rows are its stride's phases. Drop-in for the adapter
+a transposed convolution is one GEMM whose rows are its stride's phases; the last convolution (to
+the audio channels) rides in the last unit's epilogue. Drop-in for the adapter
 in :class:`~.engine.DecoderEngine` (same ``forward`` and attributes), so windows, batching and CUDA
 graphs work the same.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import nn
 
-from ..ops.snake_conv import Pointwise, Snake, SnakeConv, prepare_snake_conv, snake_conv
+from ..ops.snake_conv import Head, Pointwise, Snake, SnakeConv, prepare_snake_conv, snake_conv
 
 __all__ = ["FusedOobleck"]
 
@@ -54,6 +53,26 @@ def _transposed(conv: nn.ConvTranspose1d, **kw) -> SnakeConv:
     )  # fmt: skip
 
 
+def _unit(unit, nxt: Snake, final: nn.Conv1d | None) -> tuple[SnakeConv, SnakeConv | None]:
+    """A residual unit's one or two launches. The last unit's (``final`` given: the decoder's
+    last convolution) output is read by nobody but its Snake, and that only by ``final``: a unit
+    of up to 128 channels takes ``final`` as its head, so neither is ever written."""
+    pw = Pointwise(
+        _snake_of(unit.snake2), unit.conv2.weight[:, :, 0].t().contiguous(), unit.conv2.bias
+    )
+    last = {} if final is None else {"store_out": False}
+    if unit.conv2.out_channels <= 128:
+        head = None
+        if final is not None:
+            head = Head(
+                final.weight.permute(2, 1, 0).contiguous(), final.bias,
+                final.dilation[0], final.padding[0],
+            )  # fmt: skip
+        return _conv(unit.conv1, pointwise=pw, out_snake=nxt, head=head, **last), None
+    first = _conv(unit.conv1, out_snake=pw.snake, store_out=False)
+    return first, prepare_snake_conv(pw.weight[None], pw.bias, out_snake=nxt, **last)
+
+
 class FusedOobleck(nn.Module):
     """The decoder of an :class:`~.oobleck.OobleckAdapter` on fused kernels.
 
@@ -86,33 +105,16 @@ class FusedOobleck(nn.Module):
         self._layers.append(
             ("in", _conv(dec.conv1, out_snake=_snake_of(next(follow)), store_out=False), None)
         )
+        units = [u for blk in blocks for u in (blk.res_unit1, blk.res_unit2, blk.res_unit3)]
         for blk in blocks:
             self._layers.append(
                 ("up", _transposed(blk.conv_t1, out_snake=_snake_of(next(follow))), None)
             )
             for unit in (blk.res_unit1, blk.res_unit2, blk.res_unit3):
-                nxt = _snake_of(next(follow))
-                pw = Pointwise(
-                    _snake_of(unit.snake2),
-                    unit.conv2.weight[:, :, 0].t().contiguous(),
-                    unit.conv2.bias,
-                )
-                if unit.conv2.out_channels <= 128:
-                    self._layers.append(
-                        ("unit", _conv(unit.conv1, pointwise=pw, out_snake=nxt), None)
-                    )
-                else:
-                    first = _conv(unit.conv1, out_snake=pw.snake, store_out=False)
-                    second = prepare_snake_conv(pw.weight[None], pw.bias, out_snake=nxt)
-                    self._layers.append(("unit", first, second))
-        # the last unit's output itself is read by nobody, only its Snake
-        kind, last, second = self._layers[-1]
-        if second is None:
-            last = dataclasses.replace(last, store_out=False)
-        else:
-            second = dataclasses.replace(second, store_out=False)
-        self._layers[-1] = (kind, last, second)
-        self._layers.append(("out", _conv(dec.conv2), None))
+                final = dec.conv2 if unit is units[-1] else None
+                self._layers.append(("unit", *_unit(unit, _snake_of(next(follow)), final)))
+        if self._layers[-1][1].head is None:
+            self._layers.append(("out", _conv(dec.conv2), None))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -138,5 +140,5 @@ class FusedOobleck(nn.Module):
             elif kind == "in":
                 _, activated = snake_conv(x, layer, backend=be)
             else:
-                audio, _ = snake_conv(activated, layer, backend=be)
-        return audio.transpose(1, 2)
+                activated, _ = snake_conv(activated, layer, backend=be)
+        return activated.transpose(1, 2)  # the audio: from the "out" layer or the last head

@@ -10,6 +10,7 @@ import torch
 
 from .engine import DecoderEngine, DecoderMode
 from .stage import AudioDecoder
+from .windows import window_lengths
 
 __all__ = ["VAES", "build_audio_decoder", "default_vae"]
 
@@ -39,6 +40,7 @@ def build_audio_decoder(
     window: int = 128,
     context: int | None = None,
     crossfade: int = 1,
+    window_align: int = 16,
     batch_windows: int = 2,
     latent_channels: int | None = None,
 ) -> AudioDecoder | None:
@@ -73,6 +75,8 @@ def build_audio_decoder(
     adapter = build_decoder(preset_of, seed=seed, device=device, dtype=dtype)
     if mode == "auto":
         mode = "fused-graphs" if adapter.device.type == "cuda" else "eager"
-    graph_lengths = None if mode == "eager" else (window,)
+    graph_lengths = None if mode == "eager" else window_lengths(window, window_align)
     engine = DecoderEngine(adapter, max_batch=batch_windows, mode=mode, graph_lengths=graph_lengths)
-    return AudioDecoder(engine, window=window, context=context, crossfade=crossfade)
+    return AudioDecoder(
+        engine, window=window, context=context, crossfade=crossfade, window_align=window_align
+    )

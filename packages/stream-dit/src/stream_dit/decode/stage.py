@@ -57,6 +57,9 @@ class AudioDecoder:
         window: latent frames per window (shorter latents are decoded whole). With ``context``
             and ``batch_windows`` it bounds the decoder's memory: one call sees
             ``batch_windows × window`` frames, whatever the audio's length.
+        window_align: a latent's windows are shortened to the shortest multiple of this many
+            frames that needs no more windows (less work than full windows, few distinct
+            lengths); ``0`` keeps them all at ``window`` frames.
         context: frames kept on each side of a window's kept part; ``None`` derives it from the
             decoder's receptive field, which makes the result equal the full decode (to float
             rounding). Smaller saves compute, and the crossfade then hides the seams.
@@ -77,6 +80,7 @@ class AudioDecoder:
         window: int = 128,
         context: int | None = None,
         crossfade: int = 1,
+        window_align: int = 16,
         batch_windows: int | None = None,
         max_windows_per_step: int | None = None,
         stream: torch.cuda.Stream | None = None,
@@ -101,9 +105,10 @@ class AudioDecoder:
             raise ValueError(
                 f"max_windows_per_step must be None or an int >= 1, got {max_windows_per_step!r}"
             )
-        plan_windows(window + 1, window, context, crossfade)  # validates the three
+        plan_windows(window + 1, window, context, crossfade, align=window_align)  # validates them
         self.engine = engine
         self.window, self.context, self.crossfade = window, context, crossfade
+        self.window_align = window_align
         self.batch_windows = batch_windows
         self.max_windows_per_step = max_windows_per_step
         self.device = engine.device
@@ -146,7 +151,9 @@ class AudioDecoder:
 
     def plan(self, frames: int) -> WindowPlan:
         """The windows a latent of ``frames`` frames is decoded in."""
-        return plan_windows(frames, self.window, self.context, self.crossfade)
+        return plan_windows(
+            frames, self.window, self.context, self.crossfade, align=self.window_align
+        )
 
     def submit(self, handle: Handle, latent: torch.Tensor) -> None:
         """Queue ``latent`` ``(T, latent_channels)`` (as the session holds it) for decoding into

@@ -1,7 +1,10 @@
 """Overlapping windows over a latent and the crossfaded stitch of their decoded audio.
 
 A latent of ``T`` frames is cut into windows of ``L = min(window, T)`` frames, every one the same
-length so that windows of many requests batch into one decoder call (and one CUDA graph). Window
+length so that windows of many requests batch into one decoder call (and one CUDA graph). With
+``align``, ``L`` is instead the shortest multiple of ``align`` (at most ``window``) that needs no
+more windows: a 60 s latent of 1500 frames in windows of 256 is 7 × 240 frames instead of 7 × 256,
+6 % less work, and lengths stay few (one CUDA graph per multiple of ``align``). Window
 ``k`` starts at ``k · stride`` with ``stride = L − 2·context − crossfade``; the last one is moved
 back to end at ``T`` instead of being shortened. A window's output is kept only ``context`` frames
 away from each edge that is not an edge of the latent: with ``context`` at least the decoder's
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Stitcher", "WindowPlan", "decode_windowed", "plan_windows"]
+__all__ = ["Stitcher", "WindowPlan", "decode_windowed", "plan_windows", "window_lengths"]
 
 
 @dataclass(frozen=True)
@@ -55,19 +58,25 @@ class WindowPlan:
         return self.seams[k] - self.crossfade
 
 
-def plan_windows(frames: int, window: int, context: int, crossfade: int = 0) -> WindowPlan:
+def plan_windows(
+    frames: int, window: int, context: int, crossfade: int = 0, *, align: int = 0
+) -> WindowPlan:
     """The :class:`WindowPlan` of a latent of ``frames`` frames.
 
+    ``align = 0`` keeps every window at ``min(window, frames)`` frames; ``align > 0`` shortens them
+    to the shortest multiple of ``align`` that covers the latent in as many windows.
+
     Raises:
-        ValueError: a non-positive ``frames`` or ``window``, a negative ``context`` or
-            ``crossfade``, or a window too short to keep anything (``window <= 2·context +
-            crossfade``).
+        ValueError: a non-positive ``frames`` or ``window``, a negative ``context``,
+            ``crossfade`` or ``align``, or a window too short to keep anything (``window <=
+            2·context + crossfade``).
     """
     for name, value, low in (
         ("frames", frames, 1),
         ("window", window, 1),
         ("context", context, 0),
         ("crossfade", crossfade, 0),
+        ("align", align, 0),
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
@@ -79,12 +88,26 @@ def plan_windows(frames: int, window: int, context: int, crossfade: int = 0) -> 
         )
     if frames <= window:
         return WindowPlan(frames, frames, context, 0, (0,), ())
+    overlap = 2 * context + crossfade
     count = 1 + -(-(frames - window) // stride)
+    if align:
+        # n windows of length L cover T frames when (n − 1)(L − overlap) + L >= T
+        shortest = -(-(frames + (count - 1) * overlap) // count)
+        window = min(window, -(-shortest // align) * align)
+        stride = window - overlap
     starts = [k * stride for k in range(count - 1)] + [frames - window]
     # window k keeps [start + context, start + window − context) away from the latent's edges;
     # the next one takes over at the end of that, after the crossfade
     seams = tuple(s + window - context for s in starts[:-1])
     return WindowPlan(frames, window, context, crossfade, tuple(starts), seams)
+
+
+def window_lengths(window: int, align: int = 0) -> tuple[int, ...]:
+    """Every window length :func:`plan_windows` gives latents longer than ``window`` (the lengths
+    worth a CUDA graph); shorter latents are one window of their own length."""
+    if not align:
+        return (window,)
+    return tuple(sorted({*range(align, window + 1, align), window}))
 
 
 class Stitcher:
@@ -140,6 +163,7 @@ def decode_windowed(
     context: int,
     crossfade: int = 0,
     batch: int = 1,
+    align: int = 0,
 ) -> torch.Tensor:
     """Decode one ``(latent_channels, T)`` latent window by window, ``batch`` windows per call of
     ``decode`` (``(B, C, L) -> (B, channels, L · hop)``), into ``(channels, T · hop)`` float32.
@@ -151,7 +175,7 @@ def decode_windowed(
         raise ValueError(f"latent must be (latent_channels, T), got shape {tuple(latent.shape)}")
     if not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be an int >= 1, got {batch!r}")
-    plan = plan_windows(latent.shape[1], window, context, crossfade)
+    plan = plan_windows(latent.shape[1], window, context, crossfade, align=align)
     stitch = Stitcher(plan, hop)
     pieces = []
     for first in range(0, plan.windows, batch):

@@ -3,9 +3,10 @@ channels-last activations, with the next layer's activation, a residual unit's 1
 residual add folded in: the building block of :mod:`stream_dit.decode.fused`."""
 
 from .dispatch import SnakeConv, prepare_snake_conv, snake_conv
-from .reference import Pointwise, Snake, snake_conv_reference
+from .reference import Head, Pointwise, Snake, snake_conv_reference
 
 __all__ = [
+    "Head",
     "Pointwise",
     "Snake",
     "SnakeConv",

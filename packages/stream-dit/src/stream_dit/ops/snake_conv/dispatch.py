@@ -10,7 +10,7 @@ import torch
 
 from triton_dispatch import next_power_of_2, select_backend, uses_triton
 
-from .reference import Pointwise, Snake, rows_for, snake_conv_reference
+from .reference import Head, Pointwise, Snake, rows_for, snake_conv_reference
 
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _DTYPES = (*_KERNEL_DTYPES, torch.float64)
@@ -36,6 +36,8 @@ class _Padded(NamedTuple):
     pw_bias: torch.Tensor
     out_alpha: torch.Tensor
     out_inv_beta: torch.Tensor
+    head_weight: torch.Tensor  # (N_P, head_p): column tap·C_head + c
+    head_bias: torch.Tensor
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,8 +45,8 @@ class SnakeConv:
     """One prepared layer; see :mod:`.reference` for what it computes.
 
     Attributes:
-        weight, bias, dilation, padding, phases, shift, pointwise, out_snake, store_out: as given
-            to :func:`prepare_snake_conv` (the reference reads them).
+        weight, bias, dilation, padding, phases, shift, pointwise, out_snake, store_out, head:
+            as given to :func:`prepare_snake_conv` (the reference reads them).
         taps, in_channels, out_channels: ``weight`` is ``(taps, in_channels, phases ·
             out_channels)``.
     """
@@ -58,12 +60,14 @@ class SnakeConv:
     pointwise: Pointwise | None
     out_snake: Snake | None
     store_out: bool
+    head: Head | None
     taps: int
     in_channels: int
     out_channels: int
     _tensors: _Padded
     _cin_p: int
     _n_p: int
+    _head_p: int
 
     def output_length(self, length_in: int) -> int:
         """Time steps out for ``length_in`` in: ``length_in`` for a convolution, and a transposed
@@ -96,6 +100,7 @@ def prepare_snake_conv(
     pointwise: Pointwise | None = None,
     out_snake: Snake | None = None,
     store_out: bool = True,
+    head: Head | None = None,
 ) -> SnakeConv:
     """Check and pad one layer's weights for :func:`snake_conv`.
 
@@ -109,6 +114,8 @@ def prepare_snake_conv(
         pointwise: Snake and a ``(C_out, C_out)`` 1×1 convolution after the bias (``phases`` 1,
             ``C_out <= 128``).
         out_snake: also return ``snake(out)`` with these constants. store_out: return ``out``.
+        head: return this convolution of ``snake(out)`` instead of ``snake(out)`` (``phases``
+            1, ``C_out <= 128``, "same" padding; a decoder's last layer).
 
     Raises:
         ValueError / TypeError: naming the argument and the shape or value expected.
@@ -136,6 +143,8 @@ def prepare_snake_conv(
         )
     if not (store_out or out_snake is not None):
         raise ValueError("a layer must store its output, its out_snake, or both")
+    if head is not None:
+        _check_head(head, weight, cout, phases, shift, out_snake)
 
     block_k = 64
     cin_p = _padded_size(cin, block_k)
@@ -156,6 +165,13 @@ def prepare_snake_conv(
         )
         pw_bias = _vector(pointwise.bias, cout, n_p, "pointwise.bias", weight)
     bias_p = _vector(bias, n, n_p, "bias", weight)
+    head_p, head_w, head_b = 16, None, None
+    if head is not None:
+        htaps, _, hc = head.weight.shape
+        head_p = max(16, next_power_of_2(htaps * hc))
+        head_w = weight.new_zeros(n_p, head_p)
+        head_w[:cout, : htaps * hc] = head.weight.permute(1, 0, 2).reshape(cout, htaps * hc)
+        head_b = _vector(head.bias, hc, next_power_of_2(hc), "head.bias", weight)
     out_alpha = out_inv_beta = None
     if out_snake is not None:
         out_alpha = _vector(out_snake.alpha, cout, cout, "out_snake.alpha", weight)
@@ -167,12 +183,35 @@ def prepare_snake_conv(
 
     padded = _Padded(
         w, bias_p, given(pw_alpha), given(pw_inv_beta), given(pw_w), given(pw_bias),
-        given(out_alpha), given(out_inv_beta),
+        given(out_alpha), given(out_inv_beta), given(head_w), given(head_b),
     )  # fmt: skip
     return SnakeConv(
         weight, bias, dilation, padding, phases, shift, pointwise, out_snake, bool(store_out),
-        taps, cin, cout, padded, cin_p, n_p,
+        head, taps, cin, cout, padded, cin_p, n_p, head_p,
     )  # fmt: skip
+
+
+def _check_head(head, weight, cout: int, phases: int, shift: int, out_snake) -> None:
+    if not isinstance(head, Head):
+        raise TypeError(f"head must be a Head, got {type(head).__name__}")
+    if phases != 1 or shift or cout > _POINTWISE_MAX or out_snake is None:
+        raise ValueError(
+            f"head needs phases == 1, shift == 0, C_out <= {_POINTWISE_MAX} and an out_snake, "
+            f"got {phases}, {shift}, {cout} and {out_snake is not None}"
+        )
+    w = head.weight
+    if not isinstance(w, torch.Tensor) or w.dim() != 3 or w.shape[1] != cout or min(w.shape) < 1:
+        raise ValueError(f"head.weight must be (taps, {cout}, C_head)")
+    if w.dtype != weight.dtype or w.device != weight.device:
+        raise TypeError(f"head.weight must be {weight.dtype} on {weight.device}, like weight")
+    for name, v, low in (("dilation", head.dilation, 1), ("padding", head.padding, 0)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ValueError(f"head.{name} must be an int >= {low}, got {v!r}")
+    if 2 * head.padding != head.dilation * (w.shape[0] - 1):
+        raise ValueError(
+            "head must keep the length: 2·padding == dilation·(taps − 1), got "
+            f"padding={head.padding}, dilation={head.dilation}, taps={w.shape[0]}"
+        )
 
 
 def _check(
@@ -217,7 +256,8 @@ class Tiles(NamedTuple):
 
 def launch_config(layer: SnakeConv, rows: int, interpret: bool) -> Tiles:
     """The :class:`Tiles` of a layer over ``rows`` GEMM rows."""
-    block_n = layer._n_p if layer.pointwise is not None else min(128, layer._n_p)
+    whole_row = layer.pointwise is not None or layer.head is not None
+    block_n = layer._n_p if whole_row else min(128, layer._n_p)
     block_k = min(64, layer._cin_p)
     if interpret:
         return Tiles(32, block_n, block_k, 4, 1)
@@ -236,7 +276,8 @@ def snake_conv(
     backend: str | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Run ``layer`` on ``x`` ``(B, L_in, C_in)``: ``(out, snake_out)``, each ``(B, L_out,
-    C_out)`` or ``None`` where the layer does not give it.
+    C_out)`` or ``None`` where the layer does not give it; with a head, ``(out, head_out)``,
+    ``head_out`` ``(B, L_out, C_head)``.
 
     Args:
         x: channels-last activations, contiguous, the layer's dtype and device.
@@ -259,15 +300,21 @@ def snake_conv(
             x, layer.weight, layer.bias, dilation=layer.dilation, padding=layer.padding,
             phases=layer.phases, shift=layer.shift, out_length=out_length,
             pointwise=layer.pointwise, residual=residual, out_snake=layer.out_snake,
-            store_out=layer.store_out,
+            store_out=layer.store_out, head=layer.head,
         )  # fmt: skip
-    from .kernels import snake_conv_kernel
+    from .kernels import snake_conv_kernel, tap_sum_kernel
 
     batch, length_in, _ = x.shape
     rows = rows_for(out_length, layer.phases, layer.shift)
     shape = (batch, out_length, layer.out_channels)
     out = _output(shape, x) if layer.store_out else None
-    activated = None if layer.out_snake is None else _output(shape, x)
+    head = layer.head
+    activated = None if layer.out_snake is None or head is not None else _output(shape, x)
+    partial = None
+    if head is not None:
+        partial = torch.empty(
+            (batch, out_length, layer._head_p), dtype=torch.float32, device=x.device
+        )
     interpret = chosen == "interpret"
     tiles = launch_config(layer, rows * batch, interpret)
     k = layer._tensors
@@ -277,16 +324,26 @@ def snake_conv(
         x if residual is None else residual,
         x if out is None else out,
         x if activated is None else activated,
-        k.out_alpha, k.out_inv_beta,
+        k.out_alpha, k.out_inv_beta, k.head_weight, k.bias if partial is None else partial,
         length_in, out_length, rows,
         CIN=layer.in_channels, CIN_P=layer._cin_p, N=layer.phases * layer.out_channels,
         N_P=layer._n_p, COUT=layer.out_channels, TAPS=layer.taps, DIL=layer.dilation,
         PAD=layer.padding, PHASES=layer.phases, SHIFT=layer.shift, HAS_BIAS=layer.bias is not None,
         POINTWISE=layer.pointwise is not None, RESIDUAL=residual is not None,
         STORE_OUT=out is not None, STORE_SNAKE=activated is not None,
-        FAST_SIN=not interpret and x.dtype != torch.float32, IEEE=x.dtype == torch.float32,
+        HEAD=head is not None, HEAD_P=layer._head_p, FAST_SIN=not interpret and x.dtype != torch.float32, IEEE=x.dtype == torch.float32,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         A_CACHE=tiles.a_cache, W_CACHE=tiles.w_cache,
         num_warps=tiles.warps, num_stages=tiles.stages,
     )  # fmt: skip
-    return out, activated
+    if head is None:
+        return out, activated
+    taps, _, channels = head.weight.shape
+    audio = _output((batch, out_length, channels), x)
+    block_t = 64 if interpret else 512
+    tap_sum_kernel[(-(-out_length // block_t), batch)](
+        partial, k.head_bias, audio, out_length,
+        C=channels, C_P=k.head_bias.shape[0], HEAD_P=layer._head_p, TAPS=taps,
+        DIL=head.dilation, PAD=head.padding, BLOCK_T=block_t,
+    )  # fmt: skip
+    return out, audio

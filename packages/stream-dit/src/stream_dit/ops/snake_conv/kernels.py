@@ -9,6 +9,11 @@ channel width fits one tile), adds the residual, and stores the result and/or th
 the next layer reads: each activation is computed once, where it is produced, instead of in a
 separate pass or once per tap of its consumer. Output rows map to time steps through ``PHASES``
 and ``SHIFT``, which turns a transposed convolution of stride ``PHASES`` into the same GEMM.
+
+A decoder's last convolution (to a few audio channels) reads only the Snake of the last unit's
+output; as a ``HEAD`` the epilogue multiplies that Snake by the head's taps side by side and stores
+the per-tap partial sums (a few floats a row instead of the whole row of channels), and
+``tap_sum_kernel`` adds each output step's taps from its neighbours' rows.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def snake_conv_kernel(
     snake_out_ptr,  # (B, L_out, COUT)
     out_alpha_ptr,  # (COUT,) float32: Snake of the stored copy
     out_inv_beta_ptr,
+    head_w_ptr,  # (N_P, HEAD_P) contiguous: column tap·C_head + c of the head's taps
+    partial_ptr,  # (B, L_out, HEAD_P) float32
     L_in,
     L_out,
     rows,
@@ -63,6 +70,8 @@ def snake_conv_kernel(
     RESIDUAL: tl.constexpr,
     STORE_OUT: tl.constexpr,
     STORE_SNAKE: tl.constexpr,
+    HEAD: tl.constexpr,
+    HEAD_P: tl.constexpr,
     FAST_SIN: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -96,7 +105,7 @@ def snake_conv_kernel(
         w = tl.load(w_ptr + (it + ks)[:, None] * N_P + cols[None, :], cache_modifier=W_CACHE)
         acc = tl.dot(a, w, acc, input_precision=precision)
 
-    out_dtype = out_ptr.dtype.element_ty if STORE_OUT else snake_out_ptr.dtype.element_ty
+    out_dtype = x_ptr.dtype.element_ty
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols)[None, :]
     if POINTWISE:
@@ -121,11 +130,55 @@ def snake_conv_kernel(
     y = acc.to(out_dtype)
     if STORE_OUT:
         tl.store(out_ptr + offs, y, mask=ok)
-    if STORE_SNAKE:
+    if STORE_SNAKE or HEAD:
         s = _snake(
             y.to(tl.float32),
             tl.load(out_alpha_ptr + ch)[None, :],
             tl.load(out_inv_beta_ptr + ch)[None, :],
             FAST_SIN,
-        )
-        tl.store(snake_out_ptr + offs, s.to(out_dtype), mask=ok)
+        ).to(out_dtype)
+        if STORE_SNAKE:
+            tl.store(snake_out_ptr + offs, s, mask=ok)
+        if HEAD:
+            # the wrapper makes BLOCK_N == N_P, PHASES == 1 and SHIFT == 0: row q is time q
+            hc = tl.arange(0, HEAD_P)
+            hw = tl.load(head_w_ptr + cols[:, None] * HEAD_P + hc[None, :])
+            # in float32: a third half-precision dot of N = 16 chained after the 1x1 one came out
+            # wrong at 128 channels (Triton 3.6, H100); the operands hold bf16/fp16 values, which
+            # tf32 represents exactly, so the products are the same
+            part = tl.dot(s.to(tl.float32), hw.to(tl.float32), input_precision=precision)
+            row_ok = (q < L_out)[:, None]
+            tl.store(
+                partial_ptr + (b * L_out + q[:, None]) * HEAD_P + hc[None, :], part, mask=row_ok
+            )
+
+
+@triton.jit
+def tap_sum_kernel(
+    partial_ptr,  # (B, L, HEAD_P) float32: column tap·C + c
+    bias_ptr,  # (C_P,) float32
+    out_ptr,  # (B, L, C)
+    L,
+    C: tl.constexpr,
+    C_P: tl.constexpr,
+    HEAD_P: tl.constexpr,
+    TAPS: tl.constexpr,
+    DIL: tl.constexpr,
+    PAD: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """``out[b, t, c] = bias[c] + Σ_tap partial[b, t + tap·DIL − PAD, tap·C + c]`` (rows outside
+    ``[0, L)`` are the convolution's zero padding)."""
+    b = tl.program_id(1).to(tl.int64)
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    c = tl.arange(0, C_P)
+    acc = tl.zeros((BLOCK_T, C_P), dtype=tl.float32) + tl.load(bias_ptr + c)[None, :]
+    for tap in tl.static_range(TAPS):
+        src = t + tap * DIL - PAD
+        ok = ((src >= 0) & (src < L))[:, None] & (c < C)[None, :]
+        offs = (b * L + src[:, None]) * HEAD_P + tap * C + c[None, :]
+        acc += tl.load(partial_ptr + offs, mask=ok, other=0.0)
+    keep = (t < L)[:, None] & (c < C)[None, :]
+    tl.store(
+        out_ptr + (b * L + t[:, None]) * C + c[None, :], acc.to(out_ptr.dtype.element_ty), mask=keep
+    )

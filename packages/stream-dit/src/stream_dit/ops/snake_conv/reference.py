@@ -9,7 +9,9 @@ Activations are channels-last, ``(B, L, C)``. A layer computes
 places column ``j = r·C_out + c`` of row ``q`` at time ``t = q·phases + r − shift`` (a transposed
 convolution of stride ``phases``), adds ``residual``, rounds to ``x``'s dtype (``out``), and gives
 ``snake_out(out)`` too. ``round`` is the cast to ``x``'s dtype that an unfused network does
-between layers. Snake is ``y + inv_beta · sin(alpha · y)²`` per channel.
+between layers. Snake is ``y + inv_beta · sin(alpha · y)²`` per channel. With a ``head`` (a
+decoder's last convolution, which reads only the Snake of this layer's output), the layer gives
+the head's output in place of ``snake_out``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,16 @@ class Pointwise(NamedTuple):
     snake: Snake
     weight: torch.Tensor
     bias: torch.Tensor | None
+
+
+class Head(NamedTuple):
+    """A convolution of the layer's Snake output, "same" length: ``weight`` ``(taps, C_out,
+    C_head)``, ``bias`` ``(C_head,)`` or ``None``, taps ``dilation`` apart from ``−padding``."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    dilation: int
+    padding: int
 
 
 def snake(y: torch.Tensor, act: Snake) -> torch.Tensor:
@@ -59,8 +71,10 @@ def snake_conv_reference(
     residual: torch.Tensor | None,
     out_snake: Snake | None,
     store_out: bool,
+    head: Head | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``(out, snake_out)`` of one layer (``None`` for what is not asked)."""
+    """``(out, snake_out)`` of one layer (``None`` for what is not asked); ``(out, head_out)``
+    with a ``head``."""
     batch, length_in, _ = x.shape
     taps, _, n = weight.shape
     rows = rows_for(out_length, phases, shift)
@@ -84,4 +98,10 @@ def snake_conv_reference(
         y = y + residual.to(acc)
     out = y.to(x.dtype).contiguous()
     activated = None if out_snake is None else snake(out.to(acc), out_snake).to(x.dtype)
+    if head is not None:
+        activated, _ = snake_conv_reference(
+            activated, head.weight, head.bias, dilation=head.dilation, padding=head.padding,
+            phases=1, shift=0, out_length=out_length, pointwise=None, residual=None,
+            out_snake=None, store_out=True,
+        )  # fmt: skip
     return (out if store_out else None), activated
