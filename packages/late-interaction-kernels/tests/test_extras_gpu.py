@@ -8,7 +8,7 @@ import torch
 from late_interaction_kernels import autograd
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from late_interaction_kernels.ops.maxsim_from_hidden import maxsim_from_hidden
-from late_interaction_kernels.ops.maxsim_from_hidden.op import from_hidden_forward_op
+from late_interaction_kernels.ops.maxsim_from_hidden.op import FROM_HIDDEN
 from late_interaction_kernels.ops.maxsim_from_hidden.reference import (
     maxsim_from_hidden_reference,
     project,
@@ -80,7 +80,9 @@ def test_from_hidden_fused_values_and_gradients(dtype, dim, tol):
     got = maxsim_from_hidden(*leaves, d_mask, chunk_size=16, fused=True)
     assert_close(got, maxsim_from_hidden_reference(*refs, d_mask), dtype=dtype, tol=tol)
     with torch.no_grad():
-        _, winners = from_hidden_forward_op(*leaves, d_mask, None, True, True, 16)
+        _, winners = FROM_HIDDEN.op(
+            *leaves, d_mask, None, normalize=True, chunk_size=16, save_argmax=True
+        )
     want = _from_hidden_at_winners(*refs, winners)
     grad = torch.randn(got.shape, generator=g).cuda()
     got.backward(grad)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from late_interaction_kernels.ops.maxsim_from_hidden import maxsim_from_hidden
-from late_interaction_kernels.ops.maxsim_from_hidden.op import from_hidden_forward_op
+from late_interaction_kernels.ops.maxsim_from_hidden.op import FROM_HIDDEN
 from late_interaction_kernels.ops.maxsim_from_hidden.reference import (
     maxsim_from_hidden_reference,
     project,
@@ -121,7 +121,9 @@ def test_fused_half_precision(rng, device):
     want = maxsim_from_hidden_reference(*refs, d_mask, q_mask=q_mask)
     assert_close(got, want, dtype=torch.float16, name="scores")
     with torch.no_grad():
-        _, winners = from_hidden_forward_op(*leaves, d_mask, q_mask, True, True, 2)
+        _, winners = FROM_HIDDEN.op(
+            *leaves, d_mask, q_mask, normalize=True, chunk_size=2, save_argmax=True
+        )
     sim = torch.einsum("qid,njd->qnij", refs[0], project(*refs[1:], True))
     picked = sim.gather(3, winners.clamp(min=0).long()[..., None]).squeeze(3)
     at_winners = torch.where(winners >= 0, picked, 0.0).sum(2)

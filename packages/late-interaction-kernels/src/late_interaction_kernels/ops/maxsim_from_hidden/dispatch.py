@@ -1,5 +1,6 @@
-"""``maxsim_from_hidden``: the fused kernel through its custom op, or chunks of projected
-documents through :func:`maxsim` (recomputed in the backward when gradients are needed)."""
+"""``maxsim_from_hidden``: the checks, then the fused kernel through its declaration (:mod:`.op`),
+or chunks of projected documents through :func:`maxsim` (recomputed in the backward when
+gradients are needed)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,9 @@ from torch.utils.checkpoint import checkpoint
 from triton_dispatch import common_device, select_backend, uses_triton
 
 from ..maxsim import maxsim_unchecked
-from .op import from_hidden_forward_op
+from .op import DEFAULT_CHUNK_SIZE, FROM_HIDDEN, kernels_cover
 from .reference import project
 from .validation import validate
-
-#: Documents projected per chunk when none is given.
-DEFAULT_CHUNK_SIZE = 256
 
 #: ``fused=None`` runs the fused kernel for inference with at most this many query-token rows
 #: (``Nq * Lq``). On an H100 (BENCHMARKS.md) it beat projection + ``maxsim`` 1.7-1.8x for one query
@@ -77,26 +75,30 @@ def maxsim_from_hidden(
     chosen = select_backend(device=common_device([Q, H_d]), backend=backend)
     if fused is None:
         fused = not needs_grad and Q.shape[0] * Q.shape[1] <= FUSED_MAX_QUERY_ROWS
-    if fused and uses_triton(chosen) and Q.dtype != torch.float64 and min(*Q.shape, *H_d.shape) > 0:
-        scores, _ = from_hidden_forward_op(
-            Q.contiguous(),
-            H_d.contiguous(),
-            W.contiguous(),
-            None if b is None else b.contiguous(),
+    if fused and uses_triton(chosen) and kernels_cover(Q, H_d):
+        return FROM_HIDDEN(
+            Q.contiguous(), H_d.contiguous(), W.contiguous(), None if b is None else b.contiguous(),
             None if d_mask is None else d_mask.contiguous(),
             None if q_mask is None else q_mask.contiguous(),
-            normalize,
-            needs_grad,
-            chunk_size,
-        )
-        return scores
-    if chosen == "torch":
-        backend = "torch"
+            normalize=normalize, chunk_size=chunk_size, backend=backend,
+        )  # fmt: skip
+    backend = "torch" if chosen == "torch" else backend
+    return score_in_chunks(Q, H_d, W, b, d_mask, q_mask, normalize, chunk_size, backend)
+
+
+def score_in_chunks(Q, H_d, W, b, d_mask, q_mask, normalize, chunk_size, backend) -> torch.Tensor:
+    """Project and score ``chunk_size`` documents at a time; with gradients, each chunk's
+    projection is recomputed in the backward (checkpointed), so memory is one chunk's."""
+    checkpointed = (
+        H_d.shape[0] > chunk_size
+        and torch.is_grad_enabled()
+        and any(t is not None and t.requires_grad for t in (Q, H_d, W, b))
+    )
     blocks = []
     for start in range(0, H_d.shape[0], chunk_size):
         H = H_d[start : start + chunk_size]
         mask = None if d_mask is None else d_mask[start : start + chunk_size]
-        if needs_grad and H_d.shape[0] > chunk_size:
+        if checkpointed:
             block = checkpoint(
                 _score_chunk, Q, H, W, b, mask, q_mask, normalize, backend, use_reentrant=False
             )
