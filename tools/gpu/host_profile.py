@@ -139,6 +139,11 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, listings = [], []
+    import triton_dispatch
+
+    source = Path(triton_dispatch.__file__).resolve()
+    if not source.is_relative_to(Path(args.root).resolve()):
+        raise SystemExit(f"--root {args.root}: triton_dispatch came from {source} instead")
     for name, fn in cases().items():
         fn()
         torch.cuda.synchronize()

@@ -17,12 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-for p in [ROOT / "shared" / "triton-dispatch" / "src", *sorted((ROOT / "packages").glob("*/src"))]:
-    sys.path.insert(0, str(p))
+import torch
+import triton.testing
 
-import torch  # noqa: E402
-import triton.testing  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 # name: (B, K or None for all pairs, Lq, Ld), d = 128, bf16
 CASES = {
@@ -149,4 +147,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # this checkout's packages first; host_profile.py imports this module and picks its own
+    for p in [
+        ROOT / "shared" / "triton-dispatch" / "src",
+        *sorted((ROOT / "packages").glob("*/src")),
+    ]:
+        sys.path.insert(0, str(p))
     main()
