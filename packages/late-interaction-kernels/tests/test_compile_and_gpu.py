@@ -249,8 +249,8 @@ def test_tma_forward_on_gpu(rng, lq, normalize):
     blocks; 128-token chunks of a 700-token query): scores with masks, and gradients through its
     argmax, against float64."""
     from late_interaction_kernels.ops.common import tma
-    from late_interaction_kernels.ops.maxsim import forward
     from late_interaction_kernels.ops.maxsim.dispatch import MAXSIM_PLANS
+    from late_interaction_kernels.ops.maxsim.plan import FORWARD_PLANS
 
     Q = randn((3, lq, 128), generator=rng, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     D = randn(
@@ -259,7 +259,7 @@ def test_tma_forward_on_gpu(rng, lq, normalize):
     qm = rand_mask((3, lq), generator=rng, device="cuda")
     dm = rand_mask((2, 4, 301), generator=rng, device="cuda")
     MAXSIM_PLANS.clear()
-    forward.FORWARD_PLANS.clear()
+    FORWARD_PLANS.clear()
     with torch.no_grad():
         got = maxsim(Q[:2], D, qm[:2], dm, normalize=normalize)
         want = maxsim_reference(Q[:2].double(), D.double(), qm[:2], dm, normalize=normalize)
@@ -268,7 +268,7 @@ def test_tma_forward_on_gpu(rng, lq, normalize):
         want = maxsim_reference(Q.double(), D[0].double(), qm, dm[0], normalize=normalize)
         assert_close(got, want, dtype=torch.bfloat16)
     hopper = tma.tma_supported(Q.device)
-    assert all((p.tma is not None) == hopper for p in forward.FORWARD_PLANS._plans.values())
+    assert all((p.tma is not None) == hopper for p in FORWARD_PLANS._plans.values())
     assert_gradients_match(
         lambda q, d: maxsim(q[:2], d, qm[:2], dm, normalize=normalize),
         lambda q, d: maxsim_reference(q[:2], d, qm[:2], dm, normalize=normalize),

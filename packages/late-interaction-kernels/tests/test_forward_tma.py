@@ -13,7 +13,7 @@ import triton
 
 from late_interaction_kernels import maxsim, maxsim_varlen
 from late_interaction_kernels.ops.common import tma
-from late_interaction_kernels.ops.maxsim import forward
+from late_interaction_kernels.ops.maxsim import forward, plan
 from late_interaction_kernels.ops.maxsim.dispatch import MAXSIM_PLANS
 from late_interaction_kernels.ops.maxsim.reference import maxsim_reference
 from late_interaction_kernels.ops.varlen.reference import maxsim_varlen_all_pairs_reference
@@ -28,17 +28,17 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def tma_forced(monkeypatch):
     monkeypatch.setattr(tma, "tma_supported", lambda device: True)
-    monkeypatch.setattr(forward, "TMA_MIN_QUERY_LEN", 1)
-    forward.FORWARD_PLANS.clear()
+    monkeypatch.setattr(plan, "TMA_MIN_QUERY_LEN", 1)
+    plan.FORWARD_PLANS.clear()
     MAXSIM_PLANS.clear()
     yield
-    forward.FORWARD_PLANS.clear()
+    plan.FORWARD_PLANS.clear()
     MAXSIM_PLANS.clear()
 
 
 def _generic_launch_forbidden():
     """Make every cached forward plan fail if it takes the generic kernel; returns the plans."""
-    plans = list(forward.FORWARD_PLANS._plans.values())
+    plans = list(plan.FORWARD_PLANS._plans.values())
     assert plans and all(p.tma is not None for p in plans)
 
     def fail(*args):
@@ -135,10 +135,10 @@ def per_tile_reduction(monkeypatch):
     ):
         config = triton.Config({**blocks, "TILE_MAX": False}, num_warps=4, num_stages=1)
         monkeypatch.setattr(kernel, "configs", [config])
-    forward.FORWARD_PLANS.clear()
+    plan.FORWARD_PLANS.clear()
     MAXSIM_PLANS.clear()
     yield
-    forward.FORWARD_PLANS.clear()
+    plan.FORWARD_PLANS.clear()
     MAXSIM_PLANS.clear()
 
 

@@ -6,8 +6,8 @@ import torch
 
 from late_interaction_kernels import maxsim, maxsim_pairs
 from late_interaction_kernels.ops.common.layout import ALL_PAIRS
-from late_interaction_kernels.ops.maxsim import backward_plan, forward, maxsim_varlen
-from late_interaction_kernels.ops.maxsim.forward import maxsim_forward_triton
+from late_interaction_kernels.ops.maxsim import backward_plan, maxsim_varlen, plan
+from late_interaction_kernels.ops.maxsim.plan import maxsim_forward_triton
 from late_interaction_kernels.ops.maxsim.reference import (
     maxsim_pairs_reference,
     maxsim_reference,
@@ -61,8 +61,8 @@ def test_all_pairs(rng, device, monkeypatch, method, masked):
     [(12, 32, True, False), (12, 48, False, True), (40, 32, True, False)],
 )
 def test_all_pairs_query_groups(rng, device, lq, dim, masked, normalize):
-    nq = forward.MIN_GROUP_QUERIES + 1
-    assert lq <= forward.MAX_GROUP_QUERY_LEN  # the query-group kernel runs
+    nq = plan.MIN_GROUP_QUERIES + 1
+    assert lq <= plan.MAX_GROUP_QUERY_LEN  # the query-group kernel runs
     Q, D = _inputs(rng, device, (nq, lq, dim), (3, 19, dim))
     qm = rand_mask((nq, lq), generator=rng, device=device) if masked else None
     dm = rand_mask((3, 19), generator=rng, device=device) if masked else None
@@ -186,9 +186,9 @@ def test_long_queries_are_chunked_exactly(rng, device, monkeypatch, method):
     Q, D = _inputs(rng, device, (2, 40, 16), (3, 11, 16))
     qm = rand_mask((2, 40), generator=rng, device=device)
     whole = maxsim(Q.detach(), D.detach(), qm)
-    monkeypatch.setattr(forward, "LONG_QUERY_THRESHOLD", 16)
-    monkeypatch.setattr(forward, "QUERY_CHUNK", 16)
-    assert forward.chunking(40) == (16, 3)
+    monkeypatch.setattr(plan, "LONG_QUERY_THRESHOLD", 16)
+    monkeypatch.setattr(plan, "QUERY_CHUNK", 16)
+    assert plan.chunking(40) == (16, 3)
     assert_close(maxsim(Q.detach(), D.detach(), qm), whole, tol=1e-6)
     assert_gradients_match(
         lambda q, d: maxsim(q, d, qm, backward=method),
@@ -200,8 +200,8 @@ def test_long_queries_are_chunked_exactly(rng, device, monkeypatch, method):
 
 
 def test_long_varlen_queries_are_chunked(rng, device, monkeypatch):
-    monkeypatch.setattr(forward, "LONG_QUERY_THRESHOLD", 16)
-    monkeypatch.setattr(forward, "QUERY_CHUNK", 16)
+    monkeypatch.setattr(plan, "LONG_QUERY_THRESHOLD", 16)
+    monkeypatch.setattr(plan, "QUERY_CHUNK", 16)
     Qp, Dp, cu_q, cu_d = _packed(rng, device, [35, 3], [6, 10], 16)
     assert_gradients_match(
         lambda q, d: maxsim_varlen(q, d, cu_q, cu_d, 35),

@@ -45,7 +45,7 @@ def test_varlen_all_pairs_runs_on_the_packed_tokens(rng, monkeypatch, method, no
     called). Packed rows before ``cu[0]`` and after ``cu[-1]`` belong to no sequence and get a
     zero gradient; a query longer than one chunk is scored in chunks; ``split``: grad_Q splits
     each query's documents over programs (partial sums), as on a GPU with many documents."""
-    from late_interaction_kernels.ops.maxsim import backward_plan, forward
+    from late_interaction_kernels.ops.maxsim import backward_plan, plan
     from late_interaction_kernels.ops.varlen import dispatch as varlen
 
     if split:
@@ -54,8 +54,8 @@ def test_varlen_all_pairs_runs_on_the_packed_tokens(rng, monkeypatch, method, no
 
     unit = (lambda x: torch.nn.functional.normalize(x, dim=-1)) if normalize else (lambda x: x)
     monkeypatch.setattr(varlen, "pad", None)
-    monkeypatch.setattr(forward, "LONG_QUERY_THRESHOLD", 4)
-    monkeypatch.setattr(forward, "QUERY_CHUNK", 4)
+    monkeypatch.setattr(plan, "LONG_QUERY_THRESHOLD", 4)
+    monkeypatch.setattr(plan, "QUERY_CHUNK", 4)
     Q = torch.randn(2 + 3 + 6 + 1 + 1, 8, generator=rng, requires_grad=True)
     cu_q = torch.tensor([2, 5, 11, 12])  # rows 0-1 and 12 outside every query
     D = torch.randn(1 + 4 + 7 + 2, 8, generator=rng, requires_grad=True)

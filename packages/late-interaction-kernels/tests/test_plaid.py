@@ -116,6 +116,20 @@ def test_approx_score_kernel_edge_values(dtype, lq, rng, device):
     assert kernel[0] == 0 and kernel[3] == 0  # no codes count
 
 
+@pytest.mark.parametrize("backend", ["torch", None])
+def test_approx_score_traces_under_compile(backend, rng):
+    torch._dynamo.reset()
+    codes, _, lengths, _, _ = _index(rng, 2, nd=5)
+    qcs = torch.randn(7, 3, generator=rng)
+    score = torch.compile(
+        lambda q, c, n: plaid_approx_score(q, c, n, backend=backend),
+        fullgraph=True, backend="aot_eager",
+    )  # fmt: skip
+    assert_close(
+        score(qcs, codes, lengths), plaid_approx_score_reference(qcs.double(), codes, lengths)
+    )
+
+
 def test_approx_score_kernel_compiles_for_sm90(compile_on_hopper):
     compile_on_hopper(
         """

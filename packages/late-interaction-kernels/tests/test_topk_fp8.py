@@ -88,7 +88,7 @@ def test_fused_topk_matches_reference(largest, normalize, masks, rng):
 def test_fused_topk_with_several_queries(nq, lq, ld, rng, monkeypatch):
     # each query keeps its own running state beside the others (batches are the chunked path's
     # by default: opened to the kernel here)
-    from late_interaction_kernels.ops.maxsim_topk import dispatch as op
+    from late_interaction_kernels.ops.maxsim_topk import op
 
     monkeypatch.setattr(op, "FUSED_MAX_QUERIES", 64)
     Q, D, q_mask, d_mask = _collection(rng, nq, 11, lq, ld, 16)
@@ -111,10 +111,9 @@ def test_running_topk_through_many_windows(order, largest, rng, monkeypatch):
     """Small merge windows (16 offers, a ring of 4), so 96 documents (six windows) fill the ring
     and wrap it: rising scores offer every document (the worst order), equal scores tie everywhere (the
     earlier documents win), NaN scores rank as in ``torch.topk``."""
-    from late_interaction_kernels.ops.maxsim_topk import dispatch as op
-    from late_interaction_kernels.ops.maxsim_topk import launch
+    from late_interaction_kernels.ops.maxsim_topk import op
 
-    monkeypatch.setattr(launch, "MIN_SORT", 32)
+    monkeypatch.setattr(op, "MIN_SORT", 32)
     monkeypatch.setattr(op, "FUSED_MAX_QUERIES", 64)
     nq, nd = 2, 96
     Q = torch.rand(nq, 3, 8, generator=rng) + 0.5
@@ -241,7 +240,7 @@ def test_fp8_tma_kernel_on_stand_in_operands(scales, nq, lq, ld, rng, monkeypatc
     interpreter: a tile that runs past its document reads the next one's rows (or zeros past the
     tensor), which the column mask must drop."""
     from late_interaction_kernels.ops.common import tma
-    from late_interaction_kernels.ops.maxsim_fp8.launch import uses_tma
+    from late_interaction_kernels.ops.maxsim_fp8.op import uses_tma
 
     monkeypatch.setattr(tma, "tma_supported", lambda device: True)
     Q, D, q_mask, d_mask = _collection(rng, nq, 7, lq, ld, 32, dtype=torch.float16)
@@ -304,6 +303,26 @@ def test_fp8_bad_inputs(rng):
         maxsim_inference_fp8(Q, Q, scale_Q=torch.ones(3), scale_D=torch.tensor(1.0))
     with pytest.raises(ValueError, match="embedding dim"):
         maxsim_inference_fp8(Q, Q[..., :4], scale_Q=torch.tensor(1.0), scale_D=torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("backend", ["torch", None])
+def test_topk_and_fp8_trace_under_compile(backend, rng):
+    """Both declared custom ops trace into torch.compile(fullgraph=True) (fakes included)."""
+    torch._dynamo.reset()
+    Q, D, q_mask, d_mask = _collection(rng, 2, 13, 5, 19, 24)
+    topk = torch.compile(
+        lambda q, d: maxsim_topk(q, d, 4, q_mask, d_mask, backend=backend),
+        fullgraph=True, backend="aot_eager",
+    )  # fmt: skip
+    _check_topk(topk(Q, D), Q, D, 4, q_mask, d_mask, False, True)
+    sq, sd = torch.rand(2, 5, generator=rng) + 0.5, torch.tensor(1.3)
+    fp8 = torch.compile(
+        lambda q, d: maxsim_inference_fp8(
+            q, d, scale_Q=sq, scale_D=sd, q_mask=q_mask, d_mask=d_mask, backend=backend
+        ),
+        fullgraph=True, backend="aot_eager",
+    )  # fmt: skip
+    assert_close(fp8(Q, D), maxsim_fp8_reference(Q, D, sq, sd, q_mask, d_mask))
 
 
 def test_kernels_compile_for_sm90(compile_on_hopper):

@@ -341,6 +341,14 @@ def test_dtypes_in_words_name_the_argument():
         spec.check(torch.zeros(3, dtype=torch.int64))
 
 
+def test_type_error_picks_the_exception_of_a_wrong_kind_or_dtype():
+    spec = TensorSpec("codes", (torch.int64,), "(B, L)", type_error=ValueError)
+    with pytest.raises(ValueError, match=r"codes must be int64, got torch\.float32"):
+        spec.check(torch.zeros(3))
+    with pytest.raises(ValueError, match=r"codes must be a torch\.Tensor, got list"):
+        spec.check([1, 2])
+
+
 @triton.jit
 def _double_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)

@@ -68,6 +68,9 @@ class TensorSpec:
         dtype_message: the whole dtype error, with ``{name}`` and ``{dtype}`` (the given one) to
             fill in, for an op whose API has always worded it so (default: from
             ``dtypes_expected``).
+        type_error: what a non-tensor or a tensor of another dtype raises: ``TypeError``, or
+            ``ValueError`` for an op whose API has always refused every unusable tensor with
+            ``ValueError`` (as :attr:`SettingSpec.type_error` for settings).
         default: for an optional tensor the op makes when the caller leaves it out (e.g. random
             restart candidates): ``default(call) -> make | None``, asked once per kind of call;
             ``make(**passed) -> tensor`` (see :class:`PassedSpec`) then runs on every call that
@@ -86,20 +89,21 @@ class TensorSpec:
     binds_strides: bool = True
     dtypes_expected: str = ""
     dtype_message: str = ""
+    type_error: type[Exception] = TypeError
     default: Callable[[Call], Callable[..., torch.Tensor] | None] | None = None
 
     def check(self, value: Any) -> None:
         if value is None and self.optional:
             return
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"{self.name} must be a torch.Tensor, got {type(value).__name__}")
+            raise self.type_error(f"{self.name} must be a torch.Tensor, got {type(value).__name__}")
         if value.dtype not in self.dtypes:
             if self.dtype_message:
-                raise TypeError(self.dtype_message.format(name=self.name, dtype=value.dtype))
+                raise self.type_error(self.dtype_message.format(name=self.name, dtype=value.dtype))
             allowed = self.dtypes_expected or " or ".join(
                 str(d).removeprefix("torch.") for d in self.dtypes
             )
-            raise TypeError(f"{self.name} must be {allowed}, got {value.dtype}")
+            raise self.type_error(f"{self.name} must be {allowed}, got {value.dtype}")
         if self.fits is not None and not self.fits(value.shape):
             raise ValueError(f"{self.name} must have shape {self.shape}, got {tuple(value.shape)}")
         if self.contiguous and not value.is_contiguous():
@@ -355,6 +359,7 @@ class OpDeclaration:
         node_name = node_name or f"{qualname.replace('::', '_')}_node"
         self._node = type(node_name, (_EagerNode,), {"decl": self})
         self._plans: PlanCache = PlanCache(qualname)
+        self._entries = self._plans.entries  # looked up in place: a hit stays in this module
         self._kernel_plans: PlanCache = PlanCache(f"{qualname} kernels")
         # the eager call's key, built straight from the tensors (see __call__)
         self._setting_names = frozenset(self._defaults)
@@ -385,7 +390,9 @@ class OpDeclaration:
         try:
             given = self._given(settings) if settings else self._default_key
             key = self._eager_key(tensors, backend, given, forced_backend_key())
-            entry = self._plans.find(key)
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._plans.hits += 1
         except (AttributeError, TypeError, ValueError):
             # not a tensor where one goes, a wrong count, an unknown or unhashable setting: the
             # checks name it
@@ -406,7 +413,9 @@ class OpDeclaration:
         try:
             given = self._given(settings) if settings else self._default_key
             key = (self._eager_key(tensors, backend, given, forced_backend_key()), *keyed)
-            entry = self._plans.find(key)
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._plans.hits += 1
         except (AttributeError, TypeError, ValueError):
             key = entry = None
         if entry is None:

@@ -134,7 +134,8 @@ class PlanCache(Generic[P]):
 
     ``get(key, build)`` is the hot path: a dict lookup. ``hits``/``misses`` count lookups (tests
     read them). Past ``maxsize`` plans the oldest is dropped, so a stream of never-repeating shapes
-    cannot grow memory without bound.
+    cannot grow memory without bound. ``entries`` is the dict itself (cleared in place, never
+    replaced), for a caller whose hot path looks a key up without a call; it counts its hits.
     """
 
     def __init__(self, name: str, *, maxsize: int = 256) -> None:
@@ -143,6 +144,7 @@ class PlanCache(Generic[P]):
         self.hits = 0
         self.misses = 0
         self._plans: dict[Hashable, P] = {}
+        self.entries = self._plans
         _CACHES.add(self)
 
     def get(self, key: Hashable, build: Callable[[], P]) -> P:

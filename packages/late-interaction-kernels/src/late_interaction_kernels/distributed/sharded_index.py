@@ -23,8 +23,7 @@ import torch.distributed as dist
 from triton_dispatch import select_backend, uses_triton
 
 from ..ops.maxsim import maxsim_unchecked
-from ..ops.maxsim_topk import CHUNK_SCORES, FUSED_MAX_QUERIES, MIN_CHUNK_SIZE
-from ..ops.maxsim_topk.launch import fused_topk, kernel_takes
+from ..ops.maxsim_topk.op import CHUNK_SCORES, FUSED_MAX_QUERIES, MIN_CHUNK_SIZE, TOPK, fused_covers
 from ..ops.retrieve import DEFAULT_CHUNK_SIZE, MaxSimIndex, pad_documents
 from ..ops.retrieve.validation import check_query_mask as _check_query_mask
 from ..ops.retrieve.validation import describe as _describe
@@ -588,10 +587,9 @@ class ShardedMaxSimIndex:
         for block in self._blocks:
             if fused and block.padded is not None:
                 take = min(k, len(block))
-                if kernel_takes(Q, block.padded, take, q_mask, block.mask):
-                    s, i = fused_topk(
-                        Q, block.padded, take, q_mask, block.mask, self.normalize, True
-                    )
+                if fused_covers(Q, block.padded, take):  # the declared op's fused kernel
+                    s, i = TOPK(Q, block.padded, q_mask, block.mask, k=take,
+                                normalize=self.normalize, backend=self.backend)  # fmt: skip
                     best = self._keep(best, s, i + block.start, k)
                     continue
             for start, D, mask in block.chunks(step):

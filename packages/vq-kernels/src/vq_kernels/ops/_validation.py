@@ -13,27 +13,9 @@ def require_tensor(name: str, t: object) -> torch.Tensor:
     return t
 
 
-def require_float(name: str, t: torch.Tensor, allowed=FLOAT_INPUTS) -> None:
-    if t.dtype not in allowed:
-        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-        raise TypeError(f"{name} must have dtype in ({names}), got {t.dtype}")
-
-
 def require_integer(name: str, t: torch.Tensor) -> None:
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name} must be an integer tensor (int32 or int64), got {t.dtype}")
-
-
-def require_shape(name: str, t: torch.Tensor, shape: tuple[int, ...], meaning: str) -> None:
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {meaning} = {tuple(shape)}, got {tuple(t.shape)}")
-
-
-def require_contiguous(name: str, t: torch.Tensor) -> None:
-    if not t.is_contiguous():
-        raise ValueError(
-            f"{name} is updated in place and must be contiguous; pass a contiguous tensor"
-        )
 
 
 def rows_of(x):

@@ -1,7 +1,8 @@
 """MaxSim (late-interaction) scores: the public functions, on the padded and packed layouts.
 
-The functions live in :mod:`.dispatch`, the declaration and its plan in :mod:`.op`, the kernels in
-:mod:`.forward`, :mod:`.backward` and :mod:`.backward_plan`, the specification in :mod:`.reference`.
+The functions live in :mod:`.dispatch`, the declaration in :mod:`.op`, its host plans in
+:mod:`.plan` (forward) and :mod:`.backward_plan`, the kernels in :mod:`.forward` and
+:mod:`.backward`, the specification in :mod:`.reference`.
 """
 
 from .dispatch import maxsim, maxsim_pairs, maxsim_unchecked, maxsim_varlen

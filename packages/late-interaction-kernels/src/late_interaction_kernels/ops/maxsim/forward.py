@@ -2,8 +2,9 @@
 
 A program loads a block of query tokens once, streams the document's tokens in ``BLOCK_D`` tiles
 through ``tl.dot`` with fp32 accumulation, and keeps a running max (and, only when gradients are
-needed, the running argmax) per query token. Queries longer than :data:`LONG_QUERY_THRESHOLD`
-tokens are split into fixed :data:`QUERY_CHUNK`-token chunks scored by separate programs and summed
+needed, the running argmax) per query token. Queries longer than
+:data:`.plan.LONG_QUERY_THRESHOLD` tokens are split into fixed :data:`.plan.QUERY_CHUNK`-token
+chunks scored by separate programs and summed
 afterwards (exact, deterministic), so long queries fill the GPU and tune under one cache key.
 
 On Hopper, queries of more than 128 tokens take :func:`maxsim_fwd_tma_kernel`: the same program
@@ -14,31 +15,18 @@ arithmetic of pointer loads and the per-tile row reductions, not the tensor core
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from triton_dispatch import (
     autotune,
     config_space,
-    interpreter_enabled,
-    padded_dim,
-    shape_bucket,
     tile_shared_memory,
 )
 from triton_dispatch.autotune import prune_by_shared_memory
-from triton_dispatch.launch import KernelLaunch, PlanCache
 
-from ..common import tma
-from ..common.buffers import output_buffer
 from ..common.document_max import best_over_document
-from ..common.layout import ALL_PAIRS, GROUPED, VARLEN, VARLEN_ALL_PAIRS, num_pairs
-from ..common.precision import NORM_EPS, dot_settings
 from ..common.tuning import tuning_bench
-
-#: Queries longer than this are scored in chunks of :data:`QUERY_CHUNK` tokens.
-LONG_QUERY_THRESHOLD = 512
-QUERY_CHUNK = 128
 
 
 def _fwd_smem(kw, num_stages, args) -> int:
@@ -351,174 +339,8 @@ def maxsim_fwd_query_group_kernel(
         tl.store(ARGMAX + (qi.to(tl.int64) * n_doc + doc) * lq + t, winner, mask=row_ok)
 
 
-#: All-pairs calls with queries up to this many tokens and at least MIN_GROUP_QUERIES queries run
-#: the query-group kernel (several queries per document tile).
-MAX_GROUP_QUERY_LEN = 64
-MIN_GROUP_QUERIES = 4
-
-
-def chunking(lq: int) -> tuple[int, int]:
-    """``(chunk_len, n_chunks)`` of a query length (one chunk up to the threshold)."""
-    if lq > LONG_QUERY_THRESHOLD:
-        return QUERY_CHUNK, triton.cdiv(lq, QUERY_CHUNK)
-    return max(lq, 1), 1
-
-
-#: Queries (or their chunks) of at least this many tokens take the TMA kernel on Hopper. From an
-#: H100 sweep: 128-token chunks of long queries ran 1.27–1.31x faster through it; one 128-token
-#: query against 1000 documents of 1024 tokens (memory-bound) ran the same either way.
-TMA_MIN_QUERY_LEN = 129
-#: The TMA kernel's one config: the best at every long shape of that sweep (128×64 tiles with a
-#: tile-wide running max; 64-row tiles, 128-column tiles, 4–5 stages and a persistent grid were
-#: all slower), so it is not autotuned.
-_TMA_BLOCKS = dict(BLOCK_Q=128, BLOCK_D=64)
-_TMA_OPTIONS = dict(num_warps=8, num_stages=3)
-_TMA_INTERPRET_BLOCKS = dict(BLOCK_Q=16, BLOCK_D=16)
-
-
-def _tma_eligible(lq, dim, dtype, device, rows_q, rows_d) -> bool:
-    return (
-        lq >= TMA_MIN_QUERY_LEN
-        and dtype in (torch.bfloat16, torch.float16)
-        and tma.rows_fit(dim, 2, max(rows_q, rows_d))
-        and tma.tma_supported(device)
-    )
-
-
-class ForwardPlan:
-    """Everything a forward launch needs that depends only on metadata: chunking, kernel, grid,
-    constexprs and output shapes. Built once per key (:data:`FORWARD_PLANS`); a call allocates the
-    outputs and launches."""
-
-    def __init__(
-        self, layout, n_query, n_doc, lq, ld, dim, dtype, device, has_qm, has_dm, save_argmax,
-        normalize, rows_q, rows_d,
-    ):  # fmt: skip
-        self.n_pairs = n_pairs = num_pairs(layout, n_query, n_doc)
-        self.dim, self.ld = dim, ld
-        self.lq = lq
-        self.device = device
-        self.save_argmax = save_argmax
-        self.varlen = layout in (VARLEN, VARLEN_ALL_PAIRS)
-        chunk_len, self.n_chunks = chunking(lq)
-        upcast, ieee = dot_settings(dtype)
-        flags = dict(
-            HAS_QM=has_qm, HAS_DM=has_dm, SAVE_ARGMAX=save_argmax, UPCAST=upcast,
-            NORMALIZE=normalize, NORM_EPS=NORM_EPS, IEEE=ieee, EVEN_K=dim == padded_dim(dim),
-            BLOCK_K=padded_dim(dim),
-        )  # fmt: skip
-        self.no_argmax = torch.empty((0,), dtype=torch.int32, device=device)
-        if layout == ALL_PAIRS and n_query >= MIN_GROUP_QUERIES and lq <= MAX_GROUP_QUERY_LEN:
-            group = padded_dim(lq)
-            self.n_chunks = 1
-            self.launch = KernelLaunch(
-                maxsim_fwd_query_group_kernel,
-                lambda meta: (n_doc * triton.cdiv(n_query, meta["BLOCK_Q"] // group),),
-                dict(n_query=n_query, n_doc=n_doc, lq=lq, ld=ld, dim=dim, QGROUP=group, **flags),
-                device=device,
-            )
-            self.per_call = ("Q", "D", "QM", "DM", "PARTIAL", "ARGMAX")
-        else:
-            self.launch = KernelLaunch(
-                maxsim_fwd_kernel,
-                (n_pairs * self.n_chunks,),
-                dict(
-                    n_doc=max(n_doc, 1),
-                    lq=lq,
-                    ld=ld,
-                    chunk_len=chunk_len,
-                    n_chunks=self.n_chunks,
-                    dim=dim,
-                    LQ_BUCKET=shape_bucket(chunk_len, minimum=16, maximum=512),
-                    LAYOUT=layout,
-                    DYNAMIC_BOUNDS=not interpreter_enabled(),
-                    **flags,
-                ),
-                device=device,
-            )
-            self.per_call = ("Q", "D", "QM", "DM", "CUQ", "CUD", "PARTIAL", "ARGMAX", "d_bound")
-        assert tuple(self.launch.free) == self.per_call, self.launch.free
-        self.tma = None
-        if len(self.per_call) == 9 and _tma_eligible(lq, dim, dtype, device, rows_q, rows_d):
-            bound = {k: v for k, v in self.launch.bound.items() if k != "LQ_BUCKET"}
-            blocks = _TMA_INTERPRET_BLOCKS if interpreter_enabled() else _TMA_BLOCKS
-            self.tma = KernelLaunch(
-                maxsim_fwd_tma_kernel, (n_pairs * self.n_chunks,), dict(bound, **blocks),
-                device=device, options=_TMA_OPTIONS,
-            )  # fmt: skip
-            self.q_box = [blocks["BLOCK_Q"], flags["BLOCK_K"]]
-            self.d_box = [blocks["BLOCK_D"], flags["BLOCK_K"]]
-
-    def __call__(self, Q2, D2, q_mask, d_mask, cu_q, cu_d) -> tuple[torch.Tensor, torch.Tensor]:
-        n_pairs, lq = self.n_pairs, self.lq
-        partial = output_buffer((n_pairs, self.n_chunks), dtype=torch.float32, device=self.device)
-        if not self.save_argmax:
-            argmax = self.no_argmax
-        elif self.varlen:  # slots past a query's own length are never written
-            argmax = torch.full((n_pairs, lq), -1, dtype=torch.int32, device=self.device)
-        else:
-            argmax = output_buffer((n_pairs, lq), dtype=torch.int32, device=self.device)
-        if n_pairs == 0:
-            return partial.sum(1), argmax
-        qm = q_mask.view(torch.uint8) if q_mask is not None else partial
-        dm = d_mask.view(torch.uint8) if d_mask is not None else partial
-        if len(self.per_call) == 6:
-            self.launch(Q2, D2, qm, dm, partial, argmax)
-            return partial.view(n_pairs), argmax
-        if self.varlen:
-            # only the interpreter's static loops read it; they need the longest document
-            d_bound = int((cu_d[1:] - cu_d[:-1]).max()) if interpreter_enabled() else 0
-        else:
-            d_bound = self.ld
-        cu_q = cu_q if cu_q is not None else partial
-        cu_d = cu_d if cu_d is not None else partial
-        if self.tma is not None and tma.aligned(Q2) and tma.aligned(D2):
-            q_desc = tma.rows_descriptor(Q2, self.dim, self.q_box)
-            d_desc = tma.rows_descriptor(D2, self.dim, self.d_box)
-            self.tma(Q2, D2, q_desc, d_desc, qm, dm, cu_q, cu_d, partial, argmax, d_bound)
-        else:
-            self.launch(Q2, D2, qm, dm, cu_q, cu_d, partial, argmax, d_bound)
-        scores = partial.view(n_pairs) if self.n_chunks == 1 else partial.sum(1)
-        return scores, argmax
-
-
-#: Forward plans by metadata (the placeholders for absent masks are never read).
-FORWARD_PLANS: PlanCache[ForwardPlan] = PlanCache("late_interaction_kernels.maxsim_forward")
-
-
-def maxsim_forward_triton(
-    Q2: torch.Tensor,
-    D2: torch.Tensor,
-    q_mask: torch.Tensor | None,
-    d_mask: torch.Tensor | None,
-    cu_q: torch.Tensor | None,
-    cu_d: torch.Tensor | None,
-    layout: int,
-    n_query: int,
-    n_doc: int,
-    lq: int,
-    ld: int,
-    save_argmax: bool,
-    normalize: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scores ``(pairs,)`` fp32 and, when ``save_argmax``, argmax rows ``(pairs, lq)`` int32
-    (an empty int32 tensor otherwise). Inputs contiguous."""
-    meta = (
-        layout, n_query, n_doc, lq, ld, Q2.shape[-1], Q2.dtype, Q2.device, q_mask is not None,
-        d_mask is not None, save_argmax, normalize, Q2.numel() // max(Q2.shape[-1], 1),
-        D2.numel() // max(D2.shape[-1], 1),
-    )  # fmt: skip
-    plan = FORWARD_PLANS.get(meta, lambda: ForwardPlan(*meta))
-    return plan(Q2, D2, q_mask, d_mask, cu_q, cu_d)
-
-
 __all__ = [
-    "ALL_PAIRS",
-    "FORWARD_PLANS",
-    "GROUPED",
-    "LONG_QUERY_THRESHOLD",
-    "QUERY_CHUNK",
-    "ForwardPlan",
-    "chunking",
-    "maxsim_forward_triton",
+    "maxsim_fwd_kernel",
+    "maxsim_fwd_query_group_kernel",
+    "maxsim_fwd_tma_kernel",
 ]

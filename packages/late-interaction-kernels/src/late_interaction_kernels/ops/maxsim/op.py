@@ -13,8 +13,6 @@ The backward reads the argmax rows the forward saves when the call will be diffe
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -160,69 +158,19 @@ def _reference(Q, D, q_mask, d_mask, cu_q, cu_d, *, layout, lq, ld, normalize, *
     return maxsim_reference(Q, D, q_mask, d_mask, normalize=normalize)
 
 
-class MaxSimPlan:
-    """The launches of one kind of call, bound once: the forward plan
-    (:class:`.forward.ForwardPlan`) over the flattened tokens, and the backward plan
-    (:class:`.backward_plan.BackwardPlan`) of the gradients autograd will ask for, compiled beside
-    the forward's kernels. ``forward`` views the caller's tensors as token rows (copying only a
-    strided one) and returns the scores in the caller's shape."""
-
-    def __init__(self, named, forward: bool) -> None:
-        from .backward_plan import BACKWARD_PLANS, BackwardPlan
-        from .forward import FORWARD_PLANS, ForwardPlan
-
-        Q, D = named["Q"], named["D"]
-        self.layout, nq, nd, lq, self.ld, self.shape = sizes(named)
-        self.dim, dtype, device, normalize = Q.shape[-1], Q.dtype, Q.device, named["normalize"]
-        self.q_rows, self.d_rows = math.prod(Q.shape[:-1]), math.prod(D.shape[:-1])
-        method = resolve_backward(named["backward"], self.layout, nq, nd, lq)
-        self._backward_meta = (self.layout, nq, nd, lq, self.q_rows, self.d_rows, self.dim, dtype,
-                               device, method)  # fmt: skip
-        self._normalize, self._plans, self._new = normalize, BACKWARD_PLANS, BackwardPlan
-        self.needs, self.bound = (Q.requires_grad, D.requires_grad), None
-        if not forward:
-            return
-        save_argmax = named["save_argmax"]
-        meta = (self.layout, nq, nd, lq, self.ld, self.dim, dtype, device,
-                named["q_mask"] is not None, named["d_mask"] is not None, save_argmax, normalize,
-                self.q_rows, self.d_rows)  # fmt: skip
-        self.launch = FORWARD_PLANS.get(meta, lambda: ForwardPlan(*meta))
-        if save_argmax:  # its kernels compile beside the forward's
-            self.bound = self._backward_plan(self.needs, compile_ahead=True)
-
-    def _backward_plan(self, needs, compile_ahead: bool = False):
-        meta = (*self._backward_meta, *needs, self._normalize)
-
-        def build():
-            plan = self._new(*meta)
-            if compile_ahead:
-                plan.compile_ahead()
-            return plan
-
-        return self._plans.get(meta, build)
-
-    def forward(self, Q, D, q_mask, d_mask, cu_q, cu_d):
-        Q2 = Q.reshape(self.q_rows, self.dim).contiguous()
-        D2 = D.reshape(self.d_rows, self.dim).contiguous()
-        qm = None if q_mask is None else q_mask.contiguous()
-        dm = None if d_mask is None else d_mask.contiguous().view(-1, self.ld)
-        scores, argmax = self.launch(Q2, D2, qm, dm, cu_q, cu_d)
-        return scores.view(self.shape), argmax
-
-    def backward(self, grad, Q, D, argmax, cu_q, cu_d, needs):
-        needs = tuple(needs)
-        bound = needs == self.needs and self.bound is not None
-        plan = self.bound if bound else self._backward_plan(needs)
-        gq, gd = plan(grad.reshape(-1), Q.view(self.q_rows, self.dim),
-                      D.view(self.d_rows, self.dim), argmax, cu_q)  # fmt: skip
-        return None if gq is None else gq.view(Q.shape), None if gd is None else gd.view(D.shape)
-
-
 def _plan(call):
     # float64 has no Triton dot worth having: the reference computes it exactly
     if call["Q"].dtype == torch.float64 or _degenerate(*sizes(call)[:5]):
         return None
+    from .plan import MaxSimPlan
+
     return MaxSimPlan(call, forward=True)
+
+
+def _backward_plan(named):
+    from .plan import MaxSimPlan
+
+    return MaxSimPlan(named, forward=False)
 
 
 def _fake(Q, D, q_mask, d_mask, cu_q, cu_d, *, save_argmax, **settings):
@@ -273,6 +221,6 @@ MAXSIM = OpDeclaration(
     plan=_plan,
     fake=_fake,
     backward_fake=lambda grad, Q, D, *_, **__: (Q.new_empty(Q.shape), D.new_empty(D.shape)),
-    backward_plan=lambda named: MaxSimPlan(named, forward=False),
+    backward_plan=_backward_plan,
     node_name="PlannedMaxSim",
 )

@@ -7,13 +7,13 @@ other devices the scores are computed from the dequantised tokens in PyTorch.
 """
 
 from .dispatch import maxsim_inference_fp8
+from .op import FP8_MIN_CAPABILITY
 from .quantization import (
     dequantize_fp8_per_tensor,
     dequantize_fp8_per_token,
     quantize_fp8_per_tensor,
     quantize_fp8_per_token,
 )
-from .validation import FP8_MIN_CAPABILITY
 
 __all__ = [
     "FP8_MIN_CAPABILITY",

@@ -1,18 +1,11 @@
-"""``maxsim_inference_fp8``: the plan cache of eager calls, the kernels on CUDA and the
-dequantised PyTorch path elsewhere."""
+"""``maxsim_inference_fp8``: 2-D operands as batches of one, then its declaration (:mod:`.op`):
+the kernels on CUDA, the dequantised tokens scored in PyTorch elsewhere."""
 
 from __future__ import annotations
 
 import torch
 
-from triton_dispatch import uses_triton
-from triton_dispatch.launch import KernelLaunch, PlanCache, call_key
-
-from ..common import tma
-from ..maxsim import maxsim_unchecked
-from .launch import descriptor, geometry, launch_maxsim_fp8, tma_options, uses_tma
-from .reference import dequantize, valid_scale
-from .validation import FP8_DTYPES, resolve_call
+from .op import FP8
 
 
 def maxsim_inference_fp8(
@@ -45,84 +38,42 @@ def maxsim_inference_fp8(
     Raises:
         RuntimeError: CUDA tensors on a GPU below compute capability 8.9 (no float8 ``tl.dot``).
     """
-    if not torch.compiler.is_compiling():
-        key = call_key((Q, D, scale_Q, scale_D, q_mask, d_mask), backend)
-        if key is not None:
-            plan = _PLANS.get(key, lambda: _plan(Q, D, scale_Q, scale_D, q_mask, d_mask, backend))
-            return plan(Q, D, scale_Q, scale_D, q_mask, d_mask)
-    return _score(Q, D, scale_Q, scale_D, q_mask, d_mask, backend)
-
-
-_PLANS: PlanCache = PlanCache("late_interaction_kernels.maxsim_inference_fp8")
-
-
-def _squeezed(scores, Q, D):
-    if Q.dim() == 2:
+    for name, x in (("Q", Q), ("D", D)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a tensor (N, L, d) or (L, d), got {type(x).__name__}")
+    q_single, d_single = Q.dim() == 2, D.dim() == 2
+    if q_single:
+        Q, scale_Q = Q.unsqueeze(0), _token_scale(scale_Q)
+    if d_single:
+        D, scale_D = D.unsqueeze(0), _token_scale(scale_D)
+    if not Q.is_cpu:  # a one-element scale may stay on the host, like a Python number
+        scale_Q, scale_D = _on_device(scale_Q, Q), _on_device(scale_D, D)
+    if q_mask is not None or d_mask is not None:
+        q_mask, d_mask = _mask(q_mask, "q_mask"), _mask(d_mask, "d_mask")
+    scores = FP8(Q, D, scale_Q, scale_D, q_mask, d_mask, backend=backend)
+    if q_single:
         scores = scores.squeeze(0)
-    if D.dim() == 2:
-        scores = scores.squeeze(-1)
-    return scores
+    return scores.squeeze(-1) if d_single else scores
 
 
-def _score(Q, D, scale_Q, scale_D, q_mask, d_mask, backend) -> torch.Tensor:
-    """The validating path, on every backend."""
-    Qb, Db, sq, sd, qm, dm, chosen = resolve_call(Q, D, scale_Q, scale_D, q_mask, d_mask, backend)
-    with torch.no_grad():
-        if uses_triton(chosen) and (chosen == "triton" or Qb.dtype not in FP8_DTYPES):
-            scores = launch_maxsim_fp8(Qb, Db, sq, sd, qm, dm)
-        else:
-            Qd = dequantize(Qb, valid_scale(sq), per_token=sq.dim() > 0)
-            Dd = dequantize(Db, valid_scale(sd), per_token=sd.dim() > 0)
-            scores = maxsim_unchecked(Qd, Dd, qm, dm, backend="torch")
-    return _squeezed(scores, Q, D)
+def _token_scale(scale):
+    """The per-token scale ``(L,)`` of one sequence as ``(1, L)``."""
+    if isinstance(scale, torch.Tensor) and scale.dim() >= 1 and scale.numel() > 1:
+        return scale.unsqueeze(0)
+    return scale
 
 
-def _plan(Q, D, scale_Q, scale_D, q_mask, d_mask, backend):
-    """The eager plan of a validated call: contiguous float8 inputs on CUDA bind the kernel's
-    launch (grid, tuned config and constexprs fixed); everything else runs :func:`_score`."""
-    Qb, Db, sq, sd, qm, dm, chosen = resolve_call(Q, D, scale_Q, scale_D, q_mask, d_mask, backend)
-    nq, lq, _ = Qb.shape
-    nd, ld, _ = Db.shape
-    direct = (
-        chosen == "triton"
-        and nq * nd * lq * ld > 0
-        and all(t.is_contiguous() for t in (Q, D, scale_Q, scale_D))
-        and all(m is None or m.is_contiguous() for m in (q_mask, d_mask))
-    )
-    if not direct:
-        return lambda Q, D, scale_Q, scale_D, q_mask, d_mask: _score(
-            Q, D, scale_Q, scale_D, q_mask, d_mask, backend
-        )
-    from .kernels import fp8_maxsim_kernel, fp8_maxsim_tma_kernel
+def _on_device(scale, x: torch.Tensor):
+    """A one-element scale on the host moved to ``x``'s device."""
+    if isinstance(scale, torch.Tensor) and scale.is_cpu and scale.dim() < 2 and scale.numel() == 1:
+        return scale.to(x.device)
+    return scale
 
-    device = Qb.device
-    bound, grid, query_blocks, rows = geometry(Qb, Db, sq, sd, qm, dm)
-    launch = KernelLaunch(fp8_maxsim_kernel, grid, bound, device=device)
-    tma_launch = None
-    if uses_tma(Qb, Db, sd):
-        tma_bound, tma_grid, _, _ = geometry(Qb, Db, sq, sd, qm, dm, use_tma=True)
-        tma_launch = KernelLaunch(
-            fp8_maxsim_tma_kernel, tma_grid, tma_bound, device=device, options=tma_options()
-        )
-    # scales already on the device in float32 are read in place; others are moved per call
-    moves = [s.device != device or s.dtype != torch.float32 for s in (scale_Q, scale_D)]
-    shape = (nq, nd) if query_blocks == 1 else (rows, nd)
 
-    def run(Q, D, scale_Q, scale_D, q_mask, d_mask):
-        if moves[0]:
-            scale_Q = scale_Q.to(device=device, dtype=torch.float32)
-        if moves[1]:
-            scale_D = scale_D.to(device=device, dtype=torch.float32)
-        out = torch.empty(shape, device=device)
-        qm = Q if q_mask is None else q_mask.view(torch.uint8)
-        dm = D if d_mask is None else d_mask.view(torch.uint8)
-        if tma_launch is not None and tma.aligned(D):
-            desc = descriptor(D, tma_bound)
-            tma_launch(Q, D, desc, scale_Q, scale_D, qm, dm, out)
-        else:
-            launch(Q, D, scale_Q, scale_D, qm, dm, out)
-        if query_blocks > 1:
-            out = out.view(nq, query_blocks, nd).sum(1)
-        return _squeezed(out, Q, D)
-
-    return run
+def _mask(mask, name: str):
+    """A mask ``(L,)`` of one sequence as ``(1, L)``."""
+    if mask is None:
+        return None
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{name} must be a bool tensor, got {type(mask).__name__}")
+    return mask.unsqueeze(0) if mask.dim() == 1 else mask

@@ -44,11 +44,14 @@ def valid_scale(scale: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(scale) & (scale >= 0), scale, scale.new_tensor(float("nan")))
 
 
-def maxsim_fp8_reference(Q, D, scale_Q, scale_D, q_mask=None, d_mask=None) -> torch.Tensor:
+def maxsim_fp8_reference(
+    Q, D, scale_Q, scale_D, q_mask=None, d_mask=None, *, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
     """``(Nq, Nd)`` MaxSim of the dequantised ``Q (Nq, Lq, d)`` and ``D (Nd, Ld, d)``; a scale is
-    ``()`` (per tensor) or ``(N, L)`` (per token), read through :func:`valid_scale`. Computed in
-    float64."""
-    sq, sd = valid_scale(scale_Q.double()), valid_scale(scale_D.double())
-    Qd = Q.to(torch.float64) * (sq[..., None] if sq.dim() else sq)
-    Dd = D.to(torch.float64) * (sd[..., None] if sd.dim() else sd)
+    one element (per tensor) or ``(N, L)`` (per token), read through :func:`valid_scale`.
+    Computed in ``dtype``: float64 for the tests' oracle, float32 for the PyTorch route of
+    ``maxsim_inference_fp8``."""
+    sq, sd = valid_scale(scale_Q.to(dtype)), valid_scale(scale_D.to(dtype))
+    Qd = Q.to(dtype) * (sq[..., None] if sq.dim() else sq)
+    Dd = D.to(dtype) * (sd[..., None] if sd.dim() else sd)
     return maxsim_reference(Qd, Dd, q_mask, d_mask)

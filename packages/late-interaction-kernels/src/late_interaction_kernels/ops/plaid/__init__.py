@@ -8,7 +8,6 @@ decompressed). ``normalize=False`` decompresses a chunk of documents at a time a
 :func:`maxsim`.
 """
 
-from .approx_score import plaid_approx_score
-from .dispatch import maxsim_residual, maxsim_residual_varlen
+from .dispatch import maxsim_residual, maxsim_residual_varlen, plaid_approx_score
 
 __all__ = ["maxsim_residual", "maxsim_residual_varlen", "plaid_approx_score"]

@@ -1,5 +1,6 @@
 """PLAID scoring on the padded and ragged index layouts: the fused residual kernel with
-``normalize=True``, chunks of decompressed documents through :func:`maxsim` otherwise."""
+``normalize=True``, chunks of decompressed documents through :func:`maxsim` otherwise; and the
+candidate-pruning score through its declaration (:mod:`.op`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from ..common.packed import check_offsets, loop_bound, pad
 from ..maxsim import maxsim_unchecked
 from ..maxsim_residual import maxsim_residual as _fused_residual
 from ..maxsim_residual import maxsim_residual_prechecked
+from .op import APPROX_SCORE
 from .reference import decompress_padded, length_mask
 from .validation import check_codes, check_common, check_index
 
@@ -149,3 +151,23 @@ def maxsim_residual_varlen(
         out = _unnormalized(Q, codes[..., 0], residuals, lengths, centroids, bucket_weights,
                             nbits, q_mask, backend)  # fmt: skip
     return out.squeeze(0) if squeeze else out
+
+
+def plaid_approx_score(
+    query_centroid_scores: torch.Tensor,
+    codes: torch.Tensor,
+    doc_lengths: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """ColBERTv2's candidate-pruning score, ``(B,)`` float32: per query token the best
+    ``query_centroid_scores[code]`` among a document's first ``doc_lengths[b]`` codes, summed.
+
+    ``query_centroid_scores``: ``(n_centroids, Lq)`` (``centroids @ Q.T``); ``codes``:
+    ``(B, max_Ld)``; ``doc_lengths``: ``(B,)``. As published: codes outside ``[0, n_centroids)``
+    read centroid 0, and a query token whose best score is not finite (NaN, ±inf, or no token in
+    the document) adds 0. On CUDA one Triton program per document keeps a running maximum per query
+    token (:mod:`.kernels`); the PyTorch path gathers documents in chunks, so memory stays bounded.
+    ``backend``: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
+    """
+    return APPROX_SCORE(query_centroid_scores, codes, doc_lengths, backend=backend)

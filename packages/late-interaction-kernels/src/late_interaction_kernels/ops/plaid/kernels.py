@@ -54,15 +54,3 @@ def plaid_approx_score_kernel(
         finite = (nan_seen == 0) & (best > float("-inf")) & (best < float("inf"))
         total += tl.where(finite & q_ok, best, 0.0)
     tl.store(OUT + doc, tl.sum(total, axis=0))
-
-
-def launch_plaid_approx_score(qcs, codes, lengths, out) -> None:
-    """Score every document of ``codes (B, max_ld)`` into ``out (B,)`` float32."""
-    n_centroids, lq = qcs.shape
-    batch, max_ld = codes.shape
-    block_q = min(triton.next_power_of_2(max(lq, 1)), 128)
-    block_l = max(16, min(64, 4096 // block_q))
-    plaid_approx_score_kernel[(batch,)](
-        qcs, codes, lengths, out, n_centroids, lq, max_ld, qcs.stride(0), codes.stride(0),
-        BLOCK_L=block_l, BLOCK_Q=block_q,
-    )  # fmt: skip

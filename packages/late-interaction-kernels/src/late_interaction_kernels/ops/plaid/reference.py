@@ -78,3 +78,21 @@ def plaid_approx_score_reference(
     mask = length_mask(doc_lengths.to(codes.device), codes.shape[1])
     m = gathered.masked_fill(~mask[..., None], NEG_INF).max(dim=1).values
     return torch.where(torch.isfinite(m), m, torch.zeros_like(m)).sum(dim=-1)
+
+
+def plaid_approx_score_chunked(
+    query_centroid_scores: torch.Tensor, codes: torch.Tensor, doc_lengths: torch.Tensor
+) -> torch.Tensor:
+    """:func:`plaid_approx_score_reference` with the published op's rule for codes outside
+    ``[0, n_centroids)`` (they read centroid 0), gathering a chunk of documents at a time so that
+    memory stays bounded: the PyTorch route of ``plaid_approx_score``."""
+    qcs = query_centroid_scores.float()
+    n_centroids, lq = qcs.shape
+    codes = codes.long()
+    codes = torch.where((codes >= 0) & (codes < n_centroids), codes, torch.zeros_like(codes))
+    out = []
+    step = max(1, (1 << 24) // max(codes.shape[1] * lq, 1))
+    for start in range(0, codes.shape[0], step):
+        sl = slice(start, start + step)
+        out.append(plaid_approx_score_reference(qcs, codes[sl], doc_lengths[sl]))
+    return torch.cat(out) if out else qcs.new_zeros(0)

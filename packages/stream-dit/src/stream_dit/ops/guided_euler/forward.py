@@ -6,9 +6,13 @@ from small device tensors, so a tick's guided rows are one launch whatever their
 
 from __future__ import annotations
 
-import torch
+from types import SimpleNamespace
+
 import triton
 import triton.language as tl
+
+from triton_dispatch.declaration import Call
+from triton_dispatch.launch import KernelLaunch
 
 
 @triton.jit
@@ -40,27 +44,31 @@ def _guided_euler_kernel(
     tl.store(x_ptrs, (x.to(tl.float32) + v * dt).to(x.dtype), mask=mask)
 
 
-def guided_euler_triton_(
-    state: torch.Tensor,
-    velocity: torch.Tensor,
-    rows: torch.Tensor,
-    params: torch.Tensor,
-    max_numel: int,
-    block: int,
-) -> torch.Tensor:
-    """Launch over ``rows`` ``(4, R)`` int64 (slot, pos, neg, numel) and ``params`` ``(2, R)``
-    float32 (guidance, dt), both on ``state``'s device."""
-    n_rows = rows.shape[1]
-    grid = (n_rows, triton.cdiv(max_numel, block))
-    _guided_euler_kernel[grid](
-        state,
-        velocity,
-        rows,
-        params,
-        n_rows,
-        state.stride(0),
-        velocity.stride(0),
-        BLOCK=block,
-        num_warps=4,
+def guided_euler_plan(call: Call) -> SimpleNamespace:
+    """The launch of a validated call, bound once per kind of call: one program per row and block
+    of the longest row the tensors can hold (``min(T_s, T_v)·C`` elements; a block past its own
+    row's ``numel`` stores nothing), so the grid depends on metadata only and a repeat call
+    launches directly, without reading the row lengths."""
+    state, velocity, rows = call["state"], call["velocity"], call["rows"]
+    n_rows, width = rows.shape[1], min(state.shape[1], velocity.shape[1]) * state.shape[2]
+    if n_rows == 0 or width == 0:  # no row, or rows of no element: nothing to update
+        return SimpleNamespace(forward=lambda *tensors: ())
+    block = 256 if call.backend == "interpret" else 1024
+    launch = KernelLaunch(
+        _guided_euler_kernel,
+        (n_rows, triton.cdiv(width, block)),
+        dict(
+            n_rows=n_rows,
+            state_row_stride=state.stride(0),
+            vel_row_stride=velocity.stride(0),
+            BLOCK=block,
+        ),
+        device=call.device,
+        options={"num_warps": 4},
     )
-    return state
+
+    def forward(state, velocity, rows, params) -> tuple:
+        launch(state, velocity, rows, params)
+        return ()  # the op's one effect is the update of ``state``
+
+    return SimpleNamespace(forward=forward)

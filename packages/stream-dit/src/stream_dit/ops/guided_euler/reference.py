@@ -26,3 +26,20 @@ def guided_euler_reference_(
         x = state[s, :n]
         x.add_((vn + g * (vp - vn)) * h)
     return state
+
+
+def guided_euler_rows_reference_(
+    state: torch.Tensor, velocity: torch.Tensor, rows: torch.Tensor, params: torch.Tensor
+) -> tuple:
+    """:func:`guided_euler_reference_` on the device tables the declared op takes: ``rows``
+    ``(4, R)`` int64 (slot, pos, neg, ``numel = L·C``) and ``params`` ``(2, R)`` float32
+    (guidance, dt). Gathers and scatters on the tables' device, never reading them on the host.
+    Updates ``state``; returns no output."""
+    slot, pos, neg, numel = rows
+    g, dt = params[:, :, None]
+    width = min(state.shape[1], velocity.shape[1]) * state.shape[2]
+    x, v = state.flatten(1)[:, :width], velocity.flatten(1)[:, :width]
+    vp, vn, old = v[pos].to(state.dtype), v[neg].to(state.dtype), x[slot]
+    inside = torch.arange(width, device=state.device) < numel[:, None]
+    x[slot] = torch.where(inside, old + (vn + g * (vp - vn)) * dt, old)
+    return ()
