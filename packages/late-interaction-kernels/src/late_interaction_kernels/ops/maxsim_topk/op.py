@@ -133,7 +133,13 @@ def chunked_topk(Q, D, q_mask, d_mask, chunk, k, normalize, largest, backend):
         i = torch.arange(start, stop, device=s.device).expand_as(s)
         if best_s is not None:
             s, i = torch.cat([best_s, s], dim=1), torch.cat([best_i, i], dim=1)
-        best_s, where = s.topk(min(k, s.shape[1]), dim=1, largest=largest, sorted=True)
+        if backend == "torch":
+            # the spec: between equal scores the earlier document wins, as in the fused kernel
+            # (torch.topk leaves the order of ties unspecified)
+            where = s.sort(dim=1, descending=largest, stable=True).indices[:, : min(k, s.shape[1])]
+            best_s = s.gather(1, where)
+        else:
+            best_s, where = s.topk(min(k, s.shape[1]), dim=1, largest=largest, sorted=True)
         best_i = i.gather(1, where)
     return best_s, best_i
 
