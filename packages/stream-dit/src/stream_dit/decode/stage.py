@@ -133,7 +133,8 @@ class AudioDecoder:
     def warmup_calls(self) -> list[Callable[[], None]]:
         """One decoder call per batch bucket at the window length, on the decoder's stream:
         what compiles or captures the calls of the first decodes (for
-        :func:`stream_dit.warmup.warmup`)."""
+        :func:`stream_dit.warmup.warmup`). Shorter aligned window lengths are compiled or
+        captured when a latent first needs them."""
         engine = self.engine
         buckets = sorted({engine.batch_bucket(b) for b in range(1, self.batch_windows + 1)})
 
