@@ -13,9 +13,11 @@ import time
 import torch
 from triton.testing import do_bench
 
-import stream_dit.ops.snake_conv.dispatch as sc
+import stream_dit.ops.snake_conv as sc
+import stream_dit.ops.snake_conv.plan as scp
 from stream_dit.decode.fused import FusedOobleck
 from stream_dit.decode.oobleck import OobleckAdapter, build_vae
+from triton_dispatch.launch import clear_plan_caches
 
 B, L = 2, 146
 per60 = 1500 / (L - 18) / B
@@ -58,11 +60,12 @@ wanted = {
     ("unitb", 256, 256, 1, 35040),
     ("up", 256, 128, 4, 35040),
 }
-base = sc.launch_config
+base = scp.launch_config
 
 
 def timed(layer, inp, res, tiles):
-    sc.launch_config = (lambda *a: tiles) if tiles is not None else base
+    scp.launch_config = (lambda *a: tiles) if tiles is not None else base
+    clear_plan_caches()  # a plan binds its tiles: each setting plans afresh
     try:
         with torch.no_grad():
             return (
@@ -71,7 +74,7 @@ def timed(layer, inp, res, tiles):
     except Exception:
         return float("inf")
     finally:
-        sc.launch_config = base
+        scp.launch_config = base
 
 
 GRID = [
@@ -95,12 +98,12 @@ with torch.no_grad():
         for bm, bk, w, st in GRID:
             if bk > layer._cin_p:
                 continue
-            rows[f"bm{bm} bk{bk} w{w} s{st}"] = timed(layer, inp, res, sc.Tiles(bm, bn, bk, w, st))
+            rows[f"bm{bm} bk{bk} w{w} s{st}"] = timed(layer, inp, res, scp.Tiles(bm, bn, bk, w, st))
         best = min(rows, key=rows.get)
         bm, bk, w, st = (int(p[2:] if p.startswith(("bm", "bk")) else p[1:]) for p in best.split())
         for cache in ((".ca", ""), (".ca", ".ca"), ("", ".ca")):
             rows[best + f" cache{cache}"] = timed(
-                layer, inp, res, sc.Tiles(bm, bn, bk, w, st, *cache)
+                layer, inp, res, scp.Tiles(bm, bn, bk, w, st, *cache)
             )
         top = sorted(rows.items(), key=lambda kv: kv[1])[:6]
         rec = dict(sig=list(s_), default_ms60=default, top=top, elapsed=time.time() - t0)
@@ -121,11 +124,11 @@ with torch.no_grad():
             split = {}
             for bm, bk, w, st in GRID:
                 split[f"a bm{bm} bk{bk} w{w} s{st}"] = timed(
-                    first, inp, None, sc.Tiles(bm, 128, bk, w, st)
+                    first, inp, None, scp.Tiles(bm, 128, bk, w, st)
                 )
                 if bk == 64:
                     split[f"b bm{bm} w{w} s{st}"] = timed(
-                        second, h, res, sc.Tiles(bm, 128, 64, w, st)
+                        second, h, res, scp.Tiles(bm, 128, 64, w, st)
                     )
             a = min((v, k) for k, v in split.items() if k.startswith("a"))
             b = min((v, k) for k, v in split.items() if k.startswith("b"))

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-import stream_dit.ops.snake_conv.dispatch as dispatch
+import stream_dit.ops.snake_conv.plan as plan
 from stream_dit.ops.snake_conv import (
     Head,
     Pointwise,
@@ -79,7 +79,7 @@ def poisoned_outputs(monkeypatch):
     def output(shape, like):
         return poison_(torch.empty(shape, dtype=like.dtype, device=like.device))
 
-    monkeypatch.setattr(dispatch, "_output", output)
+    monkeypatch.setattr(plan, "output", output)
 
 
 @pytest.mark.parametrize(("name", "dtype"), CASES)
@@ -157,6 +157,8 @@ def test_bad_inputs(rng):
     with pytest.raises(ValueError, match="x must be contiguous"):
         snake_conv(x.transpose(0, 1).contiguous().transpose(0, 1), layer)
     with pytest.raises(ValueError, match=r"residual must be a tensor of shape \(2, 21, 20\)"):
+        snake_conv(x, layer, residual=r[:, :5].contiguous())
+    with pytest.raises(ValueError, match="residual must be contiguous"):
         snake_conv(x, layer, residual=r[:, :5])
     with pytest.raises(TypeError, match="layer must come from prepare_snake_conv"):
         snake_conv(x, object())
@@ -207,3 +209,15 @@ def test_fused_engine_modes(rng):
         DecoderEngine(adapter, mode="fused-graphs")
     with pytest.raises(TypeError, match="needs an OobleckAdapter"):
         DecoderEngine(torch.nn.Linear(2, 2), mode="fused")
+
+
+def test_traced_call_is_the_op(rng, device):
+    """Under ``torch.compile`` a layer is the custom op ``stream_dit::snake_conv`` (its fake gives
+    the shapes, no graph break) and gives what the eager call gives."""
+    layer, _, x, r = _layer(rng, LAYERS["unit-pointwise"], torch.float32, device)
+    x, r = x.to(device), r.to(device)
+    eager = snake_conv(x, layer, residual=r)
+    traced = torch.compile(lambda a, b: snake_conv(a, layer, residual=b), backend="eager",
+                           fullgraph=True)(x, r)  # fmt: skip
+    assert traced[0] is None and eager[0] is None
+    torch.testing.assert_close(traced[1], eager[1], rtol=0, atol=0)

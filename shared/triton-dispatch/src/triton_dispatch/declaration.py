@@ -323,7 +323,6 @@ class OpDeclaration:
         self._binds = tuple(s.binds_strides for s in self.inputs)
         self._strided = tuple(i for i, s in enumerate(self.inputs) if s.binds_strides)
         self._defaults = {s.name: s.default for s in self.settings}
-        self._default_values = tuple(self._defaults.values())
         # where each saved tensor is in (*inputs, *outputs), and the outputs without a gradient
         both = (*self._names, *self.outputs)
         self._saved_at = tuple(
@@ -344,7 +343,7 @@ class OpDeclaration:
         self.grad_setting = grad_setting
         self.passed = tuple(passed)
         self._passed_names = tuple(s.name for s in self.passed)
-        self._passed_keys = tuple((s.name, s.key) for s in self.passed)
+        self._split_passed = _split_passed_function(self.passed) if self.passed else None
         if self.passed and (self.saved or grad_setting is not None):
             raise ValueError(f"{qualname}: passed arguments are for ops without a backward")
         self.mutates = tuple(mutates)
@@ -362,12 +361,10 @@ class OpDeclaration:
         self._entries = self._plans.entries  # looked up in place: a hit stays in this module
         self._kernel_plans: PlanCache = PlanCache(f"{qualname} kernels")
         # the eager call's key, built straight from the tensors (see __call__)
-        self._setting_names = frozenset(self._defaults)
-        self._default_key = (self._default_values, tuple(map(type, self._default_values)))
         # whether the call will be differentiated is part of the key of an op with a backward,
         # or whose grad_setting the checks fill in with it
         tracked = self._differentiable if self.saved or grad_setting is not None else ()
-        self._eager_key = _eager_key_function(self.inputs, tracked)
+        self._eager_key = _eager_key_function(self.inputs, tracked, self._defaults)
         # one index: the tensor itself; several: a tuple
         self._picker = itemgetter(*self._returned) if self._returned else (lambda outputs: ())
         self.op = self._register(fake, backward_fake)
@@ -379,17 +376,19 @@ class OpDeclaration:
 
     # the call
     def __call__(self, *tensors: Any, backend: str | None = None, **settings: Any) -> Any:
-        if self._passed_names:
-            return self._call_passing(tensors, backend, settings)
+        # per-call arguments (a generator, a process group) go to the entry; their keys join
+        # the plan's key
+        passed = keyed = None
+        if self._split_passed is not None:
+            passed, keyed = self._split_passed(settings)
         if torch.compiler.is_compiling():
-            return self._traced(tensors, backend, settings)
+            return self._traced(tensors, backend, settings, passed)
         # The key of an eager call holds everything its checks and its route read (each tensor's
         # dtype, device, shape and strides or contiguity, whether autograd will want a graph, the
         # settings with their types, the backend asked for and forced), so a key kept in the plan
         # cache is one whose checks passed: a hit runs its entry without checking again.
         try:
-            given = self._given(settings) if settings else self._default_key
-            key = self._eager_key(tensors, backend, given, forced_backend_key())
+            key = self._eager_key(tensors, backend, settings, forced_backend_key(), keyed)
             entry = self._entries.get(key)
             if entry is not None:
                 self._plans.hits += 1
@@ -398,29 +397,8 @@ class OpDeclaration:
             # checks name it
             key = entry = None
         if entry is None:
-            entry = self._miss(key, tensors, backend, settings)
-        return entry(*tensors)
-
-    def _call_passing(self, tensors, backend, settings) -> Any:
-        """A call of an op with per-call arguments: as :meth:`__call__`, with their keys in the
-        plan's key and their values handed to the entry."""
-        passed, keyed = {}, []
-        for name, key_of in self._passed_keys:
-            passed[name] = value = settings.pop(name, None)
-            keyed.append(key_of(value))
-        if torch.compiler.is_compiling():
-            return self._traced(tensors, backend, settings, passed)
-        try:
-            given = self._given(settings) if settings else self._default_key
-            key = (self._eager_key(tensors, backend, given, forced_backend_key()), *keyed)
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._plans.hits += 1
-        except (AttributeError, TypeError, ValueError):
-            key = entry = None
-        if entry is None:
             entry = self._miss(key, tensors, backend, settings, passed)
-        return entry(*tensors, **passed)
+        return entry(*tensors) if passed is None else entry(*tensors, **passed)
 
     def _traced(self, tensors, backend, settings, passed=None) -> Any:
         """A call under ``torch.compile``: checked every time, through the registered op."""
@@ -442,15 +420,6 @@ class OpDeclaration:
                 f"{self.qualname} takes {len(self.inputs)} tensors "
                 f"({', '.join(self._names)}), got {len(tensors)}"
             )
-
-    def _given(self, settings: Mapping[str, Any]) -> tuple:
-        """The settings' part of an eager key: their values in declaration order and the values'
-        types (``True`` equals ``1`` and ``1.0`` but is no number); ``TypeError`` for a name that
-        is not a setting."""
-        if not settings.keys() <= self._setting_names:
-            raise TypeError("unknown setting")
-        values = tuple(map(settings.get, self._defaults, self._default_values))
-        return values, tuple(map(type, values))
 
     def _traced_mutating(self, call: Call, tensors) -> Any:
         """A traced call of an op that updates inputs in place or takes per-call arguments: the
@@ -486,8 +455,6 @@ class OpDeclaration:
         self._check_count(tensors)
         call = self.validate(tensors, backend, settings, passed)
         entry = self._entry(call, tensors)
-        if self._defaulted:
-            entry = self._filled(call, entry)
         return entry if key is None else self._plans.add(key, entry)
 
     def validate(
@@ -537,10 +504,11 @@ class OpDeclaration:
                 key += (self._passed_key(call.passed),)
             plan = self._kernel_plans.get(key, lambda: self.plan(call) or _REFERENCE)
         if plan is _REFERENCE:
-            return functools.partial(self.reference, **call.settings)
+            entry = functools.partial(self.reference, **call.settings)
+            return self._filled(call, entry) if self._defaulted else entry
         pick = self._picker
         if self.passed:
-            return self._passing_entry(plan)
+            return self._passing_entry(call, plan)
         wants_grad = bool(self.saved) and torch.is_grad_enabled()
         if wants_grad and any(_requires_grad(tensors[i]) for i in self._differentiable):
             # a node class per plan: the plan rides on the class, so apply gets only the inputs
@@ -553,22 +521,49 @@ class OpDeclaration:
             return lambda *ts: _single(forward(*ts))
         return lambda *ts: pick(forward(*ts))
 
-    def _passing_entry(self, plan) -> Callable[..., Any]:
+    def _passing_entry(self, call: Call, plan) -> Callable[..., Any]:
         """The entry of an op with per-call arguments (no backward): ``entry(*tensors,
-        **passed)``."""
-        forward, pick = plan.forward, self._picker
-        if len(self.outputs) == 1:
-            return lambda *ts, **passed: _single(forward(*ts, **passed))
-        return lambda *ts, **passed: pick(forward(*ts, **passed))
+        **passed)``, the defaults this kind of call needs made first, in one frame (a warm
+        update is a few microseconds of host time: each layer of calls would show)."""
+        forward, pick, makers = plan.forward, self._picker, self._makers(call)
+        single = len(self.outputs) == 1
+        if not makers:
+            if single:
+                return lambda *ts, **passed: _single(forward(*ts, **passed))
+            return lambda *ts, **passed: pick(forward(*ts, **passed))
 
-    def _filled(self, call: Call, entry: Callable[..., Any]) -> Callable[..., Any]:
-        """``entry`` behind the makers of the defaults this kind of call needs (none: itself)."""
+        if len(makers) == 1 and single:  # e.g. an update's random candidates
+            ((at, make),) = makers
+
+            def entry_one(*tensors, **passed):
+                tensors = list(tensors)
+                tensors[at] = make(**passed)
+                out = forward(*tensors, **passed)
+                return out if isinstance(out, torch.Tensor) else _single(out)
+
+            return entry_one
+
+        def entry(*tensors, **passed):
+            tensors = list(tensors)
+            for i, make in makers:
+                tensors[i] = make(**passed)
+            out = forward(*tensors, **passed)
+            return _single(out) if single else pick(out)
+
+        return entry
+
+    def _makers(self, call: Call) -> list:
+        """``(index, make)`` of each default tensor this kind of call needs."""
         makers = [
             (i, default(call))
             for i, default in self._defaulted
             if call.tensors[self._names[i]] is None
         ]
-        makers = [(i, make) for i, make in makers if make is not None]
+        return [(i, make) for i, make in makers if make is not None]
+
+    def _filled(self, call: Call, entry: Callable[..., Any]) -> Callable[..., Any]:
+        """``entry`` behind the makers of the defaults this kind of call needs (none: itself)."""
+        makers = self._makers(call)
         if not makers:
             return entry
 
@@ -815,16 +810,18 @@ def _single(value) -> Any:
 
 
 def _eager_key_function(
-    inputs: Sequence[TensorSpec], tracked: Sequence[int]
+    inputs: Sequence[TensorSpec], tracked: Sequence[int], defaults: Mapping[str, Any]
 ) -> Callable[..., tuple]:
-    """``key(tensors, backend, settings, forced) -> tuple``, the eager plan key of a call, written
-    out for these inputs (a loop over specs would cost more than the lookup it serves): each
-    tensor's dtype, device, shape and strides (its contiguity where the plan binds no strides;
-    one ``None`` for an optional tensor left out), then, for an op with a backward, whether grad
-    mode is on and an input at ``tracked`` requires grad, then the other parts as given.
+    """``key(tensors, backend, settings, forced, passed_keys) -> tuple``, the eager plan key of a
+    call, written out for these inputs and settings (a loop over specs would cost more than the
+    lookup it serves): each tensor's dtype, device, shape and strides (its contiguity where the
+    plan binds no strides; one ``None`` for an optional tensor left out), then, for an op with a
+    backward, whether grad mode is on and an input at ``tracked`` requires grad, then each
+    setting's value (its default where not given) and type (``True`` equals ``1`` and ``1.0``
+    but is no number), then the other parts as given.
 
-    Raises ``AttributeError`` for a non-tensor where a tensor goes and ``ValueError`` for a wrong
-    number of tensors."""
+    Raises ``AttributeError`` for a non-tensor where a tensor goes, ``ValueError`` for a wrong
+    number of tensors and ``TypeError`` for a keyword that is not a setting."""
     names = [f"t{i}" for i in range(len(inputs))]
     fields = []
     for t, spec in zip(names, inputs):
@@ -839,15 +836,44 @@ def _eager_key_function(
             for i in tracked
         )
         fields.append(f"grad_enabled() and ({wants})")
-    fields = [f"({f})" for f in fields] + ["backend", "settings", "forced"]
+    values = [f"v{i}" for i in range(len(defaults))]
+    fields = [f"({f})" for f in fields] + [f"{v}, type({v})" for v in values]
+    fields += ["backend", "forced", "passed_keys"]
     source = (
-        "def key(tensors, backend, settings, forced):\n"
+        "def key(tensors, backend, settings, forced, passed_keys):\n"
         f"    [{', '.join(names)}] = tensors\n"
-        f"    return ({', '.join(fields)})\n"
+        "    if settings and not settings.keys() <= setting_names:\n"
+        "        raise TypeError('unknown setting')\n"
+        + "".join(
+            f"    {v} = settings.get({n!r}, default{i})\n"
+            for i, (v, n) in enumerate(zip(values, defaults))
+        )
+        + f"    return ({', '.join(fields)})\n"
     )
-    namespace: dict[str, Any] = {"grad_enabled": torch.is_grad_enabled}
+    namespace: dict[str, Any] = {
+        "grad_enabled": torch.is_grad_enabled,
+        "setting_names": frozenset(defaults),
+        **{f"default{i}": d for i, d in enumerate(defaults.values())},
+    }
     exec(compile(source, "<eager plan key>", "exec"), namespace)
     return namespace["key"]
+
+
+def _split_passed_function(passed: Sequence[PassedSpec]) -> Callable[[dict], tuple]:
+    """``split(settings) -> (passed, keys)``: the per-call arguments taken out of a call's
+    keywords (``None`` where not given) and what of each the plan's key holds, written out for
+    these arguments (a loop over the specs would cost more than it saves)."""
+    names = [s.name for s in passed]
+    values = [f"v{i}" for i in range(len(names))]
+    source = (
+        "def split(settings):\n"
+        + "".join(f"    {v} = settings.pop({n!r}, None)\n" for v, n in zip(values, names))
+        + f"    return {{{', '.join(f'{n!r}: {v}' for n, v in zip(names, values))}}}, "
+        + f"({''.join(f'key{i}({v}), ' for i, v in enumerate(values))})\n"
+    )
+    namespace: dict[str, Any] = {f"key{i}": s.key for i, s in enumerate(passed)}
+    exec(compile(source, "<passed arguments>", "exec"), namespace)
+    return namespace["split"]
 
 
 def _meta_key(tensors, binds: Sequence[bool] | None = None) -> tuple:

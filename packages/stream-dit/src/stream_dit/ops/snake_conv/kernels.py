@@ -13,7 +13,9 @@ and ``SHIFT``, which turns a transposed convolution of stride ``PHASES`` into th
 A decoder's last convolution (to a few audio channels) reads only the Snake of the last unit's
 output; as a ``HEAD`` the epilogue multiplies that Snake by the head's taps side by side and stores
 the per-tap partial sums (a few floats a row instead of the whole row of channels), and
-``tap_sum_kernel`` adds each output step's taps from its neighbours' rows.
+``tap_sum_kernel`` adds each output step's taps from its neighbours' rows. Weights, biases and
+Snake constants are read as the layer holds them (bias and constants in any float dtype, cast to
+float32 on load).
 """
 
 from __future__ import annotations
@@ -38,20 +40,20 @@ def _snake(y, alpha, inv_beta, FAST_SIN: tl.constexpr):
 
 @triton.jit
 def snake_conv_kernel(
-    x_ptr,  # (B, L_in, CIN) contiguous
-    w_ptr,  # (TAPS, CIN_P, N_P) contiguous, zero past CIN and N
-    bias_ptr,  # (N_P,) float32
-    pw_alpha_ptr,  # (N_P,) float32: Snake before the 1x1 convolution
-    pw_inv_beta_ptr,
-    pw_w_ptr,  # (N_P, N_P) contiguous
-    pw_bias_ptr,  # (N_P,) float32
-    res_ptr,  # (B, L_out, COUT)
-    out_ptr,  # (B, L_out, COUT)
-    snake_out_ptr,  # (B, L_out, COUT)
-    out_alpha_ptr,  # (COUT,) float32: Snake of the stored copy
-    out_inv_beta_ptr,
-    head_w_ptr,  # (N_P, HEAD_P) contiguous: column tap·C_head + c of the head's taps
-    partial_ptr,  # (B, L_out, HEAD_P) float32
+    x,  # (B, L_in, CIN) contiguous
+    weight,  # (TAPS, CIN, N) contiguous
+    bias,  # (N,)
+    pw_weight,  # (N, N) contiguous: the 1x1 convolution, in -> out
+    pw_bias,  # (N,)
+    pw_alpha,  # (N,): Snake before the 1x1 convolution
+    pw_inv_beta,
+    out_alpha,  # (COUT,): Snake of the stored copy
+    out_inv_beta,
+    head_weight,  # (HEAD_TAPS, COUT, HEAD_C) contiguous
+    residual,  # (B, L_out, COUT)
+    out,  # (B, L_out, COUT)
+    snake_out,  # (B, L_out, COUT)
+    partial,  # (B, L_out, HEAD_P) float32: column tap·HEAD_C + c
     L_in,
     L_out,
     rows,
@@ -67,10 +69,13 @@ def snake_conv_kernel(
     SHIFT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     POINTWISE: tl.constexpr,
+    PW_BIAS: tl.constexpr,
     RESIDUAL: tl.constexpr,
     STORE_OUT: tl.constexpr,
     STORE_SNAKE: tl.constexpr,
     HEAD: tl.constexpr,
+    HEAD_TAPS: tl.constexpr,
+    HEAD_C: tl.constexpr,
     HEAD_P: tl.constexpr,
     FAST_SIN: tl.constexpr,
     IEEE: tl.constexpr,
@@ -86,77 +91,94 @@ def snake_conv_kernel(
     q = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ks = tl.arange(0, BLOCK_K)
-    x_base = x_ptr + b * L_in * CIN
+    x_base = x + b * L_in * CIN
     precision: tl.constexpr = "ieee" if IEEE else "tf32"
+    col_ok = cols < N
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for it in range(0, TAPS * CIN_P, BLOCK_K):
+        # a tap's channels padded to CIN_P (a whole number of BLOCK_K): masks only where the
+        # channel count or the columns are not whole tiles, none at a decoder's widths
         tap = it // CIN_P
         c = it - tap * CIN_P + ks
         src = q + tap * DIL - PAD
         a_mask = (src >= 0) & (src < L_in)
         if CIN_P != CIN:
             a_mask = a_mask[:, None] & (c < CIN)[None, :]
+            w_offs = (tap * CIN + c)[:, None] * N + cols[None, :]
         else:
             a_mask = a_mask[:, None]
+            w_offs = (it + ks)[:, None] * N + cols[None, :]
         a = tl.load(
             x_base + src[:, None] * CIN + c[None, :], mask=a_mask, other=0.0, cache_modifier=A_CACHE
         )
-        w = tl.load(w_ptr + (it + ks)[:, None] * N_P + cols[None, :], cache_modifier=W_CACHE)
+        if CIN_P != CIN or N_P != N:
+            w_mask = (c < CIN)[:, None] & col_ok[None, :]
+            w = tl.load(weight + w_offs, mask=w_mask, other=0.0, cache_modifier=W_CACHE)
+        else:
+            w = tl.load(weight + w_offs, cache_modifier=W_CACHE)
         acc = tl.dot(a, w, acc, input_precision=precision)
 
-    out_dtype = x_ptr.dtype.element_ty
+    out_dtype = x.dtype.element_ty
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + cols)[None, :]
+        acc += tl.load(bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if POINTWISE:
-        # the 1x1 convolution needs the whole row of channels: the wrapper makes BLOCK_N == N_P
+        # the 1x1 convolution needs the whole row of channels: the plan makes BLOCK_N == N_P
         y = acc.to(out_dtype).to(tl.float32)
         h = _snake(
             y,
-            tl.load(pw_alpha_ptr + cols)[None, :],
-            tl.load(pw_inv_beta_ptr + cols)[None, :],
+            tl.load(pw_alpha + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :],
+            tl.load(pw_inv_beta + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :],
             FAST_SIN,
         )
-        w2 = tl.load(pw_w_ptr + cols[:, None] * N_P + cols[None, :])
+        w2_mask = col_ok[:, None] & col_ok[None, :]
+        w2 = tl.load(pw_weight + cols[:, None] * N + cols[None, :], mask=w2_mask, other=0.0)
         acc = tl.dot(h.to(out_dtype), w2, input_precision=precision)
-        acc += tl.load(pw_bias_ptr + cols)[None, :]
+        if PW_BIAS:
+            acc += tl.load(pw_bias + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
 
     t = q[:, None] * PHASES + (cols // COUT)[None, :] - SHIFT
     ch = cols % COUT
-    ok = (t >= 0) & (t < L_out) & (cols < N)[None, :] & (q < rows)[:, None]
+    ok = (t >= 0) & (t < L_out) & col_ok[None, :] & (q < rows)[:, None]
     offs = b * L_out * COUT + t * COUT + ch[None, :]
     if RESIDUAL:
-        acc += tl.load(res_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+        acc += tl.load(residual + offs, mask=ok, other=0.0).to(tl.float32)
     y = acc.to(out_dtype)
     if STORE_OUT:
-        tl.store(out_ptr + offs, y, mask=ok)
+        tl.store(out + offs, y, mask=ok)
     if STORE_SNAKE or HEAD:
         s = _snake(
             y.to(tl.float32),
-            tl.load(out_alpha_ptr + ch)[None, :],
-            tl.load(out_inv_beta_ptr + ch)[None, :],
+            tl.load(out_alpha + ch).to(tl.float32)[None, :],
+            tl.load(out_inv_beta + ch).to(tl.float32)[None, :],
             FAST_SIN,
         ).to(out_dtype)
         if STORE_SNAKE:
-            tl.store(snake_out_ptr + offs, s, mask=ok)
+            tl.store(snake_out + offs, s, mask=ok)
         if HEAD:
-            # the wrapper makes BLOCK_N == N_P, PHASES == 1 and SHIFT == 0: row q is time q
-            hc = tl.arange(0, HEAD_P)
-            hw = tl.load(head_w_ptr + cols[:, None] * HEAD_P + hc[None, :])
+            # the plan makes BLOCK_N == N_P, PHASES == 1 and SHIFT == 0: row q is time q;
+            # column tap·HEAD_C + c of the head's taps side by side
+            hcol = tl.arange(0, HEAD_P)
+            htap = hcol // HEAD_C
+            h_offs = (
+                htap[None, :] * (COUT * HEAD_C)
+                + cols[:, None] * HEAD_C
+                + (hcol - htap * HEAD_C)[None, :]
+            )
+            h_mask = col_ok[:, None] & (hcol < HEAD_TAPS * HEAD_C)[None, :]
+            hw = tl.load(head_weight + h_offs, mask=h_mask, other=0.0)
             # in float32: a third half-precision dot of N = 16 chained after the 1x1 one came out
             # wrong at 128 channels (Triton 3.6, H100); the operands hold bf16/fp16 values, which
             # tf32 represents exactly, so the products are the same
             part = tl.dot(s.to(tl.float32), hw.to(tl.float32), input_precision=precision)
             row_ok = (q < L_out)[:, None]
-            tl.store(
-                partial_ptr + (b * L_out + q[:, None]) * HEAD_P + hc[None, :], part, mask=row_ok
-            )
+            tl.store(partial + (b * L_out + q[:, None]) * HEAD_P + hcol[None, :], part, mask=row_ok)
 
 
 @triton.jit
 def tap_sum_kernel(
     partial_ptr,  # (B, L, HEAD_P) float32: column tap·C + c
-    bias_ptr,  # (C_P,) float32
+    bias_ptr,  # (C,)
     out_ptr,  # (B, L, C)
     L,
     C: tl.constexpr,
@@ -165,6 +187,7 @@ def tap_sum_kernel(
     TAPS: tl.constexpr,
     DIL: tl.constexpr,
     PAD: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
     """``out[b, t, c] = bias[c] + Σ_tap partial[b, t + tap·DIL − PAD, tap·C + c]`` (rows outside
@@ -172,7 +195,9 @@ def tap_sum_kernel(
     b = tl.program_id(1).to(tl.int64)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     c = tl.arange(0, C_P)
-    acc = tl.zeros((BLOCK_T, C_P), dtype=tl.float32) + tl.load(bias_ptr + c)[None, :]
+    acc = tl.zeros((BLOCK_T, C_P), dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)[None, :]
     for tap in tl.static_range(TAPS):
         src = t + tap * DIL - PAD
         ok = ((src >= 0) & (src < L))[:, None] & (c < C)[None, :]

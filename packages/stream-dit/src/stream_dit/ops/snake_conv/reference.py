@@ -52,6 +52,12 @@ def snake(y: torch.Tensor, act: Snake) -> torch.Tensor:
     return y + inv_beta * torch.sin(alpha * y).pow(2)
 
 
+def output_length(length_in: int, phases: int, shift: int) -> int:
+    """Time steps out for ``length_in`` in: ``length_in`` for a convolution, and a transposed
+    one's ``(length_in − 1)·stride − 2·shift + 2·stride`` (kernel twice the stride)."""
+    return length_in if phases == 1 else (length_in + 1) * phases - 2 * shift
+
+
 def rows_for(out_length: int, phases: int, shift: int) -> int:
     """GEMM rows that cover ``out_length`` time steps."""
     return (out_length - 1 + shift) // phases + 1
