@@ -54,6 +54,8 @@ def snake_conv_kernel(
     out,  # (B, L_out, COUT)
     snake_out,  # (B, L_out, COUT)
     partial,  # (B, L_out, HEAD_P) float32: column tap·HEAD_C + c
+    x_desc,  # with TMA: x as (B, L_in, CIN) in [1, BLOCK_M, BLOCK_K] boxes
+    w_desc,  # with TMA: weight as (TAPS·CIN, N) in [BLOCK_K, BLOCK_N] boxes
     L_in,
     L_out,
     rows,
@@ -79,6 +81,7 @@ def snake_conv_kernel(
     HEAD_P: tl.constexpr,
     FAST_SIN: tl.constexpr,
     IEEE: tl.constexpr,
+    TMA: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -96,28 +99,42 @@ def snake_conv_kernel(
     col_ok = cols < N
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for it in range(0, TAPS * CIN_P, BLOCK_K):
-        # a tap's channels padded to CIN_P (a whole number of BLOCK_K): masks only where the
-        # channel count or the columns are not whole tiles, none at a decoder's widths
-        tap = it // CIN_P
-        c = it - tap * CIN_P + ks
-        src = q + tap * DIL - PAD
-        a_mask = (src >= 0) & (src < L_in)
-        if CIN_P != CIN:
-            a_mask = a_mask[:, None] & (c < CIN)[None, :]
-            w_offs = (tap * CIN + c)[:, None] * N + cols[None, :]
-        else:
-            a_mask = a_mask[:, None]
-            w_offs = (it + ks)[:, None] * N + cols[None, :]
-        a = tl.load(
-            x_base + src[:, None] * CIN + c[None, :], mask=a_mask, other=0.0, cache_modifier=A_CACHE
-        )
-        if CIN_P != CIN or N_P != N:
-            w_mask = (c < CIN)[:, None] & col_ok[None, :]
-            w = tl.load(weight + w_offs, mask=w_mask, other=0.0, cache_modifier=W_CACHE)
-        else:
-            w = tl.load(weight + w_offs, cache_modifier=W_CACHE)
-        acc = tl.dot(a, w, acc, input_precision=precision)
+    if TMA:
+        # whole tiles (CIN_P == CIN, N_P == N): the copy engine fetches each box, rows before
+        # the start or past the end of the batch row come back as zeros (the padding)
+        b32 = tl.program_id(2)
+        row0 = pid_m * BLOCK_M - PAD
+        for it in range(0, TAPS * CIN, BLOCK_K):
+            tap = it // CIN
+            a = x_desc.load([b32, row0 + tap * DIL, it - tap * CIN]).reshape(BLOCK_M, BLOCK_K)
+            w = w_desc.load([it, pid_n * BLOCK_N])
+            acc = tl.dot(a, w, acc, input_precision=precision)
+    else:
+        for it in range(0, TAPS * CIN_P, BLOCK_K):
+            # a tap's channels padded to CIN_P (a whole number of BLOCK_K): masks only where the
+            # channel count or the columns are not whole tiles, none at a decoder's widths
+            tap = it // CIN_P
+            c = it - tap * CIN_P + ks
+            src = q + tap * DIL - PAD
+            a_mask = (src >= 0) & (src < L_in)
+            if CIN_P != CIN:
+                a_mask = a_mask[:, None] & (c < CIN)[None, :]
+                w_offs = (tap * CIN + c)[:, None] * N + cols[None, :]
+            else:
+                a_mask = a_mask[:, None]
+                w_offs = (it + ks)[:, None] * N + cols[None, :]
+            a = tl.load(
+                x_base + src[:, None] * CIN + c[None, :],
+                mask=a_mask,
+                other=0.0,
+                cache_modifier=A_CACHE,
+            )
+            if CIN_P != CIN or N_P != N:
+                w_mask = (c < CIN)[:, None] & col_ok[None, :]
+                w = tl.load(weight + w_offs, mask=w_mask, other=0.0, cache_modifier=W_CACHE)
+            else:
+                w = tl.load(weight + w_offs, cache_modifier=W_CACHE)
+            acc = tl.dot(a, w, acc, input_precision=precision)
 
     out_dtype = x.dtype.element_ty
     if HAS_BIAS:

@@ -11,6 +11,7 @@ import torch
 from triton_dispatch import next_power_of_2
 from triton_dispatch.declaration import Call
 from triton_dispatch.launch import KernelLaunch
+from triton_dispatch.tma import TensorDescriptor, aligned, tma_supported
 
 from .reference import output_length, rows_for
 
@@ -86,6 +87,7 @@ def snake_conv_plan(call: Call) -> SimpleNamespace | None:
                           interpret)  # fmt: skip
     stand_in = torch.zeros(1, dtype=torch.float32, device=x.device)  # never read
     absent = {name: stand_in for name in LAYER_TENSORS if call[name] is None}
+    absent.update(x_desc=stand_in, w_desc=stand_in)
     per_call = {"residual": call["residual"] is not None, "out": store_out,
                "snake_out": snake_out, "partial": head}  # fmt: skip
     absent.update({name: stand_in for name, given in per_call.items() if not given})
@@ -97,12 +99,15 @@ def snake_conv_plan(call: Call) -> SimpleNamespace | None:
         RESIDUAL=call["residual"] is not None, STORE_OUT=store_out, STORE_SNAKE=snake_out,
         HEAD=head, HEAD_TAPS=head_taps, HEAD_C=head_c, HEAD_P=head_p,
         FAST_SIN=not interpret and x.dtype != torch.float32, IEEE=x.dtype == torch.float32,
+        TMA=False,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         A_CACHE=tiles.a_cache, W_CACHE=tiles.w_cache,
     )  # fmt: skip
     grid = (-(-rows // tiles.block_m), n_p // tiles.block_n, batch)
     options = {"num_warps": tiles.warps, "num_stages": tiles.stages}
     launch = KernelLaunch(snake_conv_kernel, grid, bound, device=x.device, options=options)
+    if _tma_fits(x, cin, cin_p, n, n_p, interpret):
+        launch = _with_tma(launch, snake_conv_kernel, grid, bound, options, tiles, x, n)
     shape = (batch, length, cout)
     if not head:
 
@@ -140,3 +145,38 @@ def snake_conv_plan(call: Call) -> SimpleNamespace | None:
 def _or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """An output the layer does not give, as the op returns it: an empty tensor."""
     return like.new_empty(0) if t is None else t
+
+
+def _tma_fits(x: torch.Tensor, cin: int, cin_p: int, n: int, n_p: int, interpret: bool) -> bool:
+    """Whether the main loop can read through tensor descriptors: a Hopper GPU, half precision,
+    whole channel tiles with 16-byte rows, int32 coordinates."""
+    return (
+        not interpret
+        and tma_supported(x.device)
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and cin == cin_p
+        and n == n_p
+        and cin % 8 == 0
+        and n % 8 == 0
+        and x.shape[1] < 2**31 - 2**16
+    )
+
+
+def _with_tma(pointer_launch, kernel, grid, bound, options, tiles: Tiles, x, n: int):
+    """The launch through descriptors, falling back to ``pointer_launch`` for a call whose
+    tensors do not start on 16 bytes."""
+    tma = KernelLaunch(kernel, grid, {**{k: v for k, v in bound.items() if not k.endswith("_desc")},
+                                      "TMA": True}, device=x.device, options=options)  # fmt: skip
+    batch, length_in, cin = x.shape
+    x_box = [1, tiles.block_m, tiles.block_k]
+    w_box = [tiles.block_k, tiles.block_n]
+
+    def launch(x, weight, *rest):
+        if not (aligned(x) and aligned(weight)):
+            return pointer_launch(x, weight, *rest)
+        x_desc = TensorDescriptor(x, [batch, length_in, cin], [length_in * cin, cin, 1], x_box)
+        taps_cin = weight.shape[0] * weight.shape[1]
+        w_desc = TensorDescriptor(weight, [taps_cin, n], [n, 1], w_box)
+        tma(x, weight, *rest, x_desc, w_desc)
+
+    return launch
