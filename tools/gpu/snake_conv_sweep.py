@@ -55,7 +55,7 @@ wanted = {
     ("unit", 128, 128, 1, 280320),
     ("unit", 128, 128, 1, 140160),
     ("up", 128, 128, 2, 140160),
-    ("out", 128, 2, 1, 280320),
+    ("unitb", 512, 512, 1, 8760),
     ("unita", 256, 256, 1, 35040),
     ("unitb", 256, 256, 1, 35040),
     ("up", 256, 128, 4, 35040),
@@ -92,11 +92,14 @@ with torch.no_grad():
             continue
         seen.add(s_)
         kind, layer, inp, res = c
-        bn = base(layer, 1, False).block_n
+        n = layer.phases * layer.out_channels
+        whole = layer.pointwise is not None or layer.head is not None
+        cin_p = scp.padded_size(layer.in_channels, 64)
+        bn = max(16, 1 << (n - 1).bit_length()) if whole else min(128, scp.padded_size(n, 128))
         rows = {}
         default = timed(layer, inp, res, None)
         for bm, bk, w, st in GRID:
-            if bk > layer._cin_p:
+            if bk > cin_p:
                 continue
             rows[f"bm{bm} bk{bk} w{w} s{st}"] = timed(layer, inp, res, scp.Tiles(bm, bn, bk, w, st))
         best = min(rows, key=rows.get)
@@ -135,7 +138,7 @@ with torch.no_grad():
             rec["split_best"] = (a, b, a[0] + b[0])
         out["layers"].append(rec)
         print(json.dumps(rec), flush=True)
-        if time.time() - t0 > 480:
+        if time.time() - t0 > 360:
             break
 os.makedirs(os.environ.get("OUT", "/tmp"), exist_ok=True)
 
