@@ -205,6 +205,7 @@ def test_fused_engine_modes(rng):
     assert isinstance(engine.adapter, FusedOobleck) and engine.reuses_output is False
     z = torch.randn(1, adapter.latent_channels, 6, generator=rng)
     torch.testing.assert_close(engine(z), adapter(z), atol=1e-5, rtol=1e-4)
+    assert engine.graph_memory_bytes() == 0  # no graphs, nothing held between calls
     with pytest.raises(ValueError, match="needs the decoder on a CUDA device"):
         DecoderEngine(adapter, mode="fused-graphs")
     with pytest.raises(TypeError, match="needs an OobleckAdapter"):

@@ -37,7 +37,7 @@ def _decoder_arguments(p: argparse.ArgumentParser) -> None:
         help="auto: the fused Triton decoder in CUDA graphs on a GPU, eager elsewhere",
     )  # fmt: skip
     p.add_argument(
-        "--decode-window", type=int, default=128, help="latent frames per decoder window"
+        "--decode-window", type=int, default=256, help="latent frames per decoder window"
     )
     p.add_argument(
         "--decode-context",
@@ -52,7 +52,7 @@ def _decoder_arguments(p: argparse.ArgumentParser) -> None:
         help="shorten a latent's windows to the shortest multiple of this many frames that needs "
         "no more windows (0: every window --decode-window frames)",
     )  # fmt: skip
-    p.add_argument("--decode-batch", type=int, default=2, help="windows per decoder call")
+    p.add_argument("--decode-batch", type=int, default=1, help="windows per decoder call")
 
 
 def _build_decoder(args: argparse.Namespace, dtype: torch.dtype, latent_channels: int):

@@ -100,6 +100,19 @@ class DecoderEngine:
         """CUDA graphs captured so far (one per (batch bucket, window length))."""
         return len(self._graphs)
 
+    def graph_memory_bytes(self) -> int:
+        """Device memory the captured graphs hold between calls: the segments of their shared
+        private pool (intermediates and outputs) plus their static inputs; 0 before a capture."""
+        if self._pool is None:
+            return 0
+        pool = tuple(self._pool)
+        held = sum(
+            s["total_size"]
+            for s in torch.cuda.memory_snapshot()
+            if tuple(s.get("segment_pool_id", ())) == pool
+        )
+        return held + sum(static.nbytes for _, static, _ in self._graphs.values())
+
     def batch_bucket(self, batch: int) -> int:
         if self.mode in ("eager", "fused"):
             return batch

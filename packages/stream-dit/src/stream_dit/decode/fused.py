@@ -115,6 +115,12 @@ class FusedOobleck(nn.Module):
                 self._layers.append(("unit", *_unit(unit, _snake_of(next(follow)), final)))
         if self._layers[-1][1].head is None:
             self._layers.append(("out", _conv(dec.conv2), None))
+        # the widest activation, in channels × samples per latent frame
+        widest, rate = 0, 1
+        for _, layer, _ in self._layers:
+            rate *= layer.phases
+            widest = max(widest, layer.out_channels * rate)
+        self._widest = widest
 
     @property
     def dtype(self) -> torch.dtype:
@@ -129,6 +135,15 @@ class FusedOobleck(nn.Module):
             raise ValueError(f"z must be (B, {self.latent_channels}, T), got {tuple(z.shape)}")
         x = activated = z.to(self._device, self._dtype).transpose(1, 2).contiguous()
         be = self.backend
+        if x.is_cuda:
+            # Ask the allocator for the whole working set at once (a unit at the widest level
+            # holds its input, its residual and its two outputs), then give it back: the layers'
+            # smaller tensors are carved from that block and merge back into it when freed, so a
+            # CUDA graph's private pool (and the cache) holds about the working set. Allocated
+            # level by level, each level's tensors need segments of their own size and the pool
+            # holds about twice as much.
+            working = 4.25 * self._widest * x.shape[0] * x.shape[1] * x.element_size()
+            torch.empty(int(working) + (1 << 20), dtype=torch.uint8, device=x.device)  # freed now
         for kind, layer, second in self._layers:
             if kind == "unit" and second is None:
                 x, activated = snake_conv(activated, layer, residual=x, backend=be)

@@ -37,11 +37,11 @@ def build_audio_decoder(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     mode: DecoderMode | Literal["auto"] = "eager",
-    window: int = 128,
+    window: int = 256,
     context: int | None = None,
     crossfade: int = 1,
     window_align: int = 16,
-    batch_windows: int = 2,
+    batch_windows: int = 1,
     latent_channels: int | None = None,
 ) -> AudioDecoder | None:
     """An :class:`AudioDecoder` around a seeded random-weight Oobleck VAE (``None`` for

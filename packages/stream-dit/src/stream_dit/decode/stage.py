@@ -77,7 +77,7 @@ class AudioDecoder:
         self,
         engine: DecoderEngine | torch.nn.Module,
         *,
-        window: int = 128,
+        window: int = 256,
         context: int | None = None,
         crossfade: int = 1,
         window_align: int = 16,
