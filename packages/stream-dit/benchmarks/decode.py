@@ -8,8 +8,9 @@ On CUDA (bf16, ACE-Step 1.5's published VAE ``AutoencoderOobleck`` and DiT, rand
 * ``decode_60s[mode,window,batch]``: one 60 s latent (1500 frames) decoded by the session's
   decoder engine in windows (context from the receptive field, crossfade 1 frame) against
   ``vae.decode`` of the same latent; GPU median (``do_bench``), wall time per call, the first
-  call (compilation and graph capture included) and peak memory of both; targets: >= 4x faster,
-  peak <= 1/4. ``extra`` holds the windowed result's largest difference from the full decode
+  call (compilation and graph capture included) and peak memory of both (ours: what the engine
+  holds between calls, its CUDA graphs' pool included, plus what a call allocates); targets:
+  >= 4x faster, peak <= 1/4. ``extra`` holds the windowed result's largest difference from the full decode
   (relative to its peak). ``decode_60s_tiled_baseline`` times diffusers' own tiled decode
   (``vae.enable_tiling()``) for reference.
 * ``e2e_60s[cfg|nocfg]``: completions per second of 60 s of music, ACE-Step turbo schedule (8
