@@ -523,55 +523,33 @@ class OpDeclaration:
 
     def _passing_entry(self, call: Call, plan) -> Callable[..., Any]:
         """The entry of an op with per-call arguments (no backward): ``entry(*tensors,
-        **passed)``, the defaults this kind of call needs made first, in one frame (a warm
-        update is a few microseconds of host time: each layer of calls would show)."""
-        forward, pick, makers = plan.forward, self._picker, self._makers(call)
-        single = len(self.outputs) == 1
-        if not makers:
-            if single:
-                return lambda *ts, **passed: _single(forward(*ts, **passed))
-            return lambda *ts, **passed: pick(forward(*ts, **passed))
+        **passed)``."""
+        finish = _single if len(self.outputs) == 1 else self._picker
+        return self._filled(call, plan.forward, finish)
 
-        if len(makers) == 1 and single:  # e.g. an update's random candidates
-            ((at, make),) = makers
-
-            def entry_one(*tensors, **passed):
-                tensors = list(tensors)
-                tensors[at] = make(**passed)
-                out = forward(*tensors, **passed)
-                return out if isinstance(out, torch.Tensor) else _single(out)
-
-            return entry_one
-
-        def entry(*tensors, **passed):
-            tensors = list(tensors)
-            for i, make in makers:
-                tensors[i] = make(**passed)
-            out = forward(*tensors, **passed)
-            return _single(out) if single else pick(out)
-
-        return entry
-
-    def _makers(self, call: Call) -> list:
-        """``(index, make)`` of each default tensor this kind of call needs."""
+    def _filled(
+        self, call: Call, run: Callable[..., Any], finish: Callable[[Any], Any] | None = None
+    ) -> Callable[..., Any]:
+        """``run`` behind the makers of the defaults this kind of call needs, its result through
+        ``finish``, in one frame (a warm update is a few microseconds of host time: each layer of
+        calls would show)."""
         makers = [
             (i, default(call))
             for i, default in self._defaulted
             if call.tensors[self._names[i]] is None
         ]
-        return [(i, make) for i, make in makers if make is not None]
-
-    def _filled(self, call: Call, entry: Callable[..., Any]) -> Callable[..., Any]:
-        """``entry`` behind the makers of the defaults this kind of call needs (none: itself)."""
-        makers = self._makers(call)
+        makers = [(i, make) for i, make in makers if make is not None]
         if not makers:
-            return entry
+            if finish is None:
+                return run
+            return lambda *tensors, **passed: finish(run(*tensors, **passed))
 
         def filled(*tensors, **passed):
             tensors = list(tensors)
             for i, make in makers:
                 tensors[i] = make(**passed)
-            return entry(*tensors, **passed)
+            out = run(*tensors, **passed)
+            return out if finish is None else finish(out)
 
         return filled
 

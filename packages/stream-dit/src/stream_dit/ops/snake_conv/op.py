@@ -131,8 +131,8 @@ def snake_conv_routed(x, weight, bias, pw_weight, pw_bias, pw_alpha, pw_inv_beta
     return (empty if out is None else out), (empty if second is None else second)
 
 
-def _fake(x, weight, *tensors, phases, shift, store_out, **_):
-    *_, out_alpha, _, head_weight, _, _ = tensors
+def _fake(x, weight, bias, pw_weight, pw_bias, pw_alpha, pw_inv_beta, out_alpha, out_inv_beta,
+          head_weight, head_bias, residual, *, phases, shift, store_out, **_):  # fmt: skip
     batch, length = x.shape[0], output_length(x.shape[1], phases, shift)
     cout = weight.shape[2] // phases
     out = x.new_empty((batch, length, cout) if store_out else (0,))

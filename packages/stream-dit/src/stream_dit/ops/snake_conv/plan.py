@@ -74,7 +74,7 @@ def snake_conv_plan(call: Call) -> SimpleNamespace | None:
     batch, length_in, cin = x.shape
     taps, _, n = weight.shape
     phases, shift, store_out = call["phases"], call["shift"], call["store_out"]
-    cout, length = n // phases, output_length(x.shape[1], phases, shift)
+    cout, length = n // phases, output_length(length_in, phases, shift)
     pointwise, head = call["pw_weight"] is not None, head_w is not None
     snake_out = call["out_alpha"] is not None and not head
     rows = rows_for(length, phases, shift)
