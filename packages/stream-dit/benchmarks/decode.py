@@ -24,6 +24,7 @@ On CUDA (bf16, ACE-Step 1.5's published VAE ``AutoencoderOobleck`` and DiT, rand
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import warnings
@@ -35,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from stream_dit import Request, StreamSession, TorchEngine
 from stream_dit.decode import AudioDecoder, DecoderEngine, decode_windowed, window_lengths
+from stream_dit.decode.fused import FusedOobleck
 from stream_dit.model import build_denoiser
 from triton_dispatch.bench import (
     BenchRecord,
@@ -61,12 +63,20 @@ def _first_call_ms(fn, device) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def _variant(adapter, latent, mode, window, batch, context, args, device, rep) -> tuple:
+def _engine(adapter, mode: str, window: int, batch: int, chunk: int | None, args) -> DecoderEngine:
+    """The decoder engine of a variant; ``chunk``: the fused decoder's ``chunk_frames`` (``None``:
+    its default)."""
+    graph_lengths = None if mode == "eager" else window_lengths(window, args.align)
+    if mode.startswith("fused") and chunk is not None:
+        adapter = FusedOobleck(adapter, chunk_frames=chunk)
+    return DecoderEngine(adapter, max_batch=batch, mode=mode, graph_lengths=graph_lengths)
+
+
+def _variant(adapter, latent, mode, window, batch, chunk, context, args, device, rep) -> tuple:
     """``(first call ms, audio, bytes held between calls, peak bytes, GPU ms, wall ms)`` of one
     engine; the peak counts what the engine keeps between calls (its CUDA graphs' memory pool and
     static inputs) plus what a call allocates above that. The engine is freed on return."""
-    graph_lengths = None if mode == "eager" else window_lengths(window, args.align)
-    engine = DecoderEngine(adapter, max_batch=batch, mode=mode, graph_lengths=graph_lengths)
+    engine = _engine(adapter, mode, window, batch, chunk, args)
 
     def ours():
         return decode_windowed(
@@ -107,48 +117,56 @@ def _decode_records(args, device, dtype, env) -> list[BenchRecord]:
     base_ms = median_ms(full, device=device, warmup=rep[0], rep=rep[1])
     base_wall = wall_ms_per_call(full, device=device, calls=3 if args.tiny else 10, warmup=1)
     records = []
-    for mode in args.modes:
-        for window in args.windows:
-            for batch in args.batches:
-                name = f"decode_{args.seconds:g}s[{mode},w{window},b{batch}]"
-                try:
-                    first, out, held, peak, ms, wall = _variant(
-                        adapter, latent, mode, window, batch, context, args, device, rep
-                    )
-                    err = float((out - ref).abs().max()) / peak_ref
-                except Exception as exc:  # one failing variant must not lose the others
-                    print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
-                    continue
-                ratio = base_ms / ms
-                mem = None if base_peak is None or peak is None else peak / base_peak
-                records.append(
-                    BenchRecord(
-                        name=name,
-                        shape={**shape, "mode": mode, "window": window, "batch": batch,
-                               "align": args.align, "context": context, "crossfade": 1},
-                        baseline="diffusers AutoencoderOobleck.decode (full)",
-                        baseline_ms=base_ms,
-                        ours_ms=ms,
-                        baseline_peak_bytes=base_peak,
-                        ours_peak_bytes=peak,
-                        baseline_wall_ms=base_wall,
-                        ours_wall_ms=wall,
-                        env=env,
-                        extra={
-                            "first_call_ms": first,
-                            "held_between_calls_bytes": held,
-                            "baseline_first_call_ms": base_first,
-                            "max_abs_error_rel_peak": err,
-                            "speed_target": ">= 4x",
-                            "speed_reached": ratio >= 4,
-                            "memory_ratio": mem,
-                            "memory_target": "<= 0.25",
-                            "memory_reached": None if mem is None else mem <= 0.25,
-                        },
-                    )
-                )  # fmt: skip
-                print(f"{name}: {ms:.2f} ms vs {base_ms:.2f} ms ({ratio:.2f}x), "
-                      f"peak ratio {mem}, max error {err:.2e} of the peak", flush=True)  # fmt: skip
+    variants = [
+        (mode, window, batch, chunk)
+        for mode in args.modes
+        for window in args.windows
+        for batch in args.batches
+        for chunk in (args.chunk_frames if mode.startswith("fused") else [None])
+    ]
+    for mode, window, batch, chunk in variants:
+        name = f"decode_{args.seconds:g}s[{mode},w{window},b{batch}]"
+        if chunk is not None:
+            name = name[:-1] + f",c{chunk}]"
+        try:
+            first, out, held, peak, ms, wall = _variant(
+                adapter, latent, mode, window, batch, chunk, context, args, device, rep
+            )
+            err = float((out - ref).abs().max()) / peak_ref
+        except Exception as exc:  # one failing variant must not lose the others
+            print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        ratio = base_ms / ms
+        mem = None if base_peak is None or peak is None else peak / base_peak
+        records.append(
+            BenchRecord(
+                name=name,
+                shape={**shape, "mode": mode, "window": window, "batch": batch,
+                       "align": args.align, "context": context, "crossfade": 1,
+                       "chunk_frames": chunk},
+                baseline="diffusers AutoencoderOobleck.decode (full)",
+                baseline_ms=base_ms,
+                ours_ms=ms,
+                baseline_peak_bytes=base_peak,
+                ours_peak_bytes=peak,
+                baseline_wall_ms=base_wall,
+                ours_wall_ms=wall,
+                env=env,
+                extra={
+                    "first_call_ms": first,
+                    "held_between_calls_bytes": held,
+                    "baseline_first_call_ms": base_first,
+                    "max_abs_error_rel_peak": err,
+                    "speed_target": ">= 4x",
+                    "speed_reached": ratio >= 4,
+                    "memory_ratio": mem,
+                    "memory_target": "<= 0.25",
+                    "memory_reached": None if mem is None else mem <= 0.25,
+                },
+            )
+        )  # fmt: skip
+        print(f"{name}: {ms:.2f} ms vs {base_ms:.2f} ms ({ratio:.2f}x), "
+              f"peak ratio {mem}, max error {err:.2e} of the peak", flush=True)  # fmt: skip
     vae.enable_tiling()
     tiled_ms = median_ms(full, device=device, warmup=rep[0], rep=rep[1])
     records.append(
@@ -183,10 +201,8 @@ def _e2e(args, device, dtype, cfg: bool, with_decoder: bool) -> dict:
         vae = build_vae(args.vae, seed=0, device=device, dtype=dtype)
         mode = args.modes[-1]
         window, batch = args.e2e_window or args.windows[0], args.e2e_batch or args.batches[0]
-        graph_lengths = None if mode == "eager" else window_lengths(window, args.align)
-        dec_engine = DecoderEngine(
-            OobleckAdapter(vae), max_batch=batch, mode=mode, graph_lengths=graph_lengths
-        )
+        chunk = args.chunk_frames[0] if mode.startswith("fused") else None
+        dec_engine = _engine(OobleckAdapter(vae), mode, window, batch, chunk, args)
         decoder = AudioDecoder(dec_engine, window=window, crossfade=1, window_align=args.align)
     session = StreamSession(
         model, engine, depth=depth, max_queue=4 * args.requests, decoder=decoder
@@ -201,7 +217,17 @@ def _e2e(args, device, dtype, cfg: bool, with_decoder: bool) -> dict:
             steps=8, shift=3.0, **extra,
         )  # fmt: skip
 
+    # ``--dit-priority high``: the ticks on a high-priority stream, so the decoder's kernels
+    # (on the default-priority stream of the decoder stage) take the SMs the DiT leaves idle
+    high = args.dit_priority == "high" and device.type == "cuda"
+    stream = torch.cuda.Stream(device, priority=-1) if high else None
+
     def run(n: int) -> float:
+        context = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with context:
+            return _timed(n)
+
+    def _timed(n: int) -> float:
         handles = [session.submit(request(i)) for i in range(n)]
         synchronize(device)
         start = time.perf_counter()
@@ -240,6 +266,7 @@ def _e2e_records(args, device, dtype, env) -> list[BenchRecord]:
                 shape={"model": "dit/tiny" if args.tiny else "ace-step/published",
                        "seconds": args.seconds, "depth": args.depth, "steps": 8, "shift": 3.0,
                        "cfg": cfg, "requests": args.requests, "dit_engine": args.dit_mode,
+                       "dit_priority": args.dit_priority, "chunk_frames": args.chunk_frames[0],
                        "decoder": f"{args.modes[-1]},w{args.e2e_window or args.windows[0]},"
                                   f"b{args.e2e_batch or args.batches[0]}"},
                 baseline="the same session without the decoder (tick loop alone)",
@@ -284,6 +311,14 @@ def main() -> None:
         "--align", type=int, default=16,
         help="window lengths shortened to multiples of this (0: full windows)",
     )  # fmt: skip
+    parser.add_argument(
+        "--chunk-frames", default="",
+        help="the fused decoder's chunk_frames, comma-separated (default: its default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dit-priority", choices=("default", "high"), default="default",
+        help="run the end-to-end ticks on a high-priority CUDA stream",
+    )  # fmt: skip
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--requests", type=int, default=None, help="timed e2e requests")
     parser.add_argument("--dit-mode", default=None, help="DiT engine mode (default graphs)")
@@ -306,6 +341,7 @@ def main() -> None:
     args.modes = (args.modes or default_modes).split(",")
     args.windows = _ints("32" if args.tiny and args.windows == "128,256" else args.windows)
     args.batches = _ints("2" if args.tiny and args.batches == "2,1" else args.batches)
+    args.chunk_frames = _ints(args.chunk_frames) or [None]
     args.requests = args.requests or (2 if args.tiny else 32)
     args.dit_mode = args.dit_mode or ("eager" if args.tiny else "graphs")
     if args.tiny:

@@ -69,6 +69,27 @@ def test_fused_graph_holds_about_its_working_set(published):
     assert held < 3868 * 2**20 / 4
 
 
+def test_chunked_fused_decoder_holds_a_chunk_not_the_window(published):
+    """Windows of 768 frames with the wide levels in chunks of 256: the audio of one pass (same
+    kernels, same sums per sample: bf16 rounding at most) and a graph pool that follows the chunk,
+    under a quarter of the full decode of 60 s."""
+    _, adapter = published
+    z = _latent(768)[None]
+    with torch.no_grad():
+        whole = FusedOobleck(adapter, chunk_frames=None)(z).float()
+        engine = DecoderEngine(
+            FusedOobleck(adapter, chunk_frames=256), max_batch=1, mode="fused-graphs",
+            graph_lengths=(768,),
+        )  # fmt: skip
+        chunked = engine(z).float()
+    err = float((chunked - whole).abs().max()) / float(whole.abs().max())
+    assert err < 1e-2, err
+    chunk = 256 * 1920 * 128 * 2  # one activation of a chunk at 48 kHz, 128 channels, bf16
+    held = engine.graph_memory_bytes()
+    assert 4 * chunk < held < 7 * chunk, held / chunk
+    assert held < 3868 * 2**20 / 4
+
+
 def test_session_decodes_on_its_own_stream_while_ticking(published):
     _, adapter = published
     model = build_model("small", seed=0, device="cuda", dtype=torch.bfloat16)

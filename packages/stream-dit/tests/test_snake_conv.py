@@ -186,17 +186,36 @@ def test_bad_inputs(rng):
     assert empty[0].shape == (0, 21, 20) and empty[1].shape == (0, 21, 20)
 
 
+@pytest.mark.parametrize("chunk_frames", [None, 2])
 @pytest.mark.parametrize("preset", ["tiny", "three-blocks"])
-def test_fused_decoder_matches_the_adapter(rng, device, preset):
+def test_fused_decoder_matches_the_adapter(rng, device, preset, chunk_frames):
     """Every layer kind (first convolution, transposed ones of each stride, residual units fused
-    and not, the last convolution) against diffusers' modules, in float64 on the reference."""
+    and not, the last convolution) against diffusers' modules in float64; in one pass and with
+    the levels after the first block in chunks of 2 frames (4 chunks, each with its context)."""
     _, adapter = tiny_decoder(THREE_BLOCKS if preset == "three-blocks" else "tiny")
     z = torch.randn(2, adapter.latent_channels, 7, generator=rng)
     want = adapter.double()(z.double())
-    fused = FusedOobleck(adapter.float().to(device))
+    fused = FusedOobleck(adapter.float().to(device), chunk_frames=chunk_frames)
+    assert len(fused.chunks(7)) == (1 if chunk_frames is None else 4)
     got = fused(z.to(device))
     assert got.shape == want.shape
     assert_close(got, want, tol=2e-6, name="audio")
+
+
+def test_chunks_carry_their_receptive_field(rng):
+    """Chunked equals one pass exactly, and one sample less of context than the receptive field
+    gives does not: the context is what makes chunks exact, and no more than that."""
+    _, adapter = tiny_decoder(THREE_BLOCKS)
+    adapter = adapter.double()
+    z = torch.randn(1, adapter.latent_channels, 9, generator=rng, dtype=torch.float64)
+    whole = FusedOobleck(adapter, chunk_frames=None, backend="torch")(z)
+    chunked = FusedOobleck(adapter, chunk_frames=2, backend="torch")
+    torch.testing.assert_close(chunked(z), whole, rtol=0, atol=1e-12)
+    chunked._halo -= 1
+    assert float((chunked(z) - whole).abs().max()) > 1e-9
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="chunk_frames must be None or an int >= 1"):
+            FusedOobleck(adapter, chunk_frames=bad)
 
 
 def test_fused_engine_modes(rng):

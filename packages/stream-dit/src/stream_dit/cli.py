@@ -37,8 +37,9 @@ def _decoder_arguments(p: argparse.ArgumentParser) -> None:
         help="auto: the fused Triton decoder in CUDA graphs on a GPU, eager elsewhere",
     )  # fmt: skip
     p.add_argument(
-        "--decode-window", type=int, default=256, help="latent frames per decoder window"
-    )
+        "--decode-window", type=int, default=None,
+        help="latent frames per decoder window (default: 768 for the fused decoder, 256 otherwise)",
+    )  # fmt: skip
     p.add_argument(
         "--decode-context",
         type=int,

@@ -1,6 +1,6 @@
 """Latents to audio: windowed, batched decoding of finished latents inside the session.
 
-* :class:`AudioDecoder` (``stage.py``): the session's decoder stage.
+* :class:`AudioDecoder`, :func:`default_window` (``stage.py``): the session's decoder stage.
 * :class:`DecoderEngine` (``engine.py``): eager, ``torch.compile`` and CUDA-graph execution.
 * :func:`plan_windows`, :class:`Stitcher`, :func:`decode_windowed` (``windows.py``): the windows
   and their crossfaded stitch.
@@ -11,7 +11,7 @@
 
 from .engine import DECODER_MODES, DecoderEngine
 from .receptive_field import ReceptiveField, oobleck_receptive_field
-from .stage import AudioDecoder
+from .stage import AudioDecoder, default_window
 from .windows import Stitcher, WindowPlan, decode_windowed, plan_windows, window_lengths
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "Stitcher",
     "WindowPlan",
     "decode_windowed",
+    "default_window",
     "oobleck_receptive_field",
     "plan_windows",
     "window_lengths",

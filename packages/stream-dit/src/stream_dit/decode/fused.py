@@ -8,14 +8,25 @@ a transposed convolution is one GEMM whose rows are its stride's phases; the las
 the audio channels) rides in the last unit's epilogue. Drop-in for the adapter
 in :class:`~.engine.DecoderEngine` (same ``forward`` and attributes), so windows, batching and CUDA
 graphs work the same.
+
+The first block's levels are narrow (ACE-Step's: 10 samples of 1024 channels per latent frame)
+and the last ones wide (1920 samples of 128 channels): a call runs the first block over its whole
+input, then the rest in chunks along time, each with the few samples of context its receptive
+field needs. Memory then follows the chunk, not the input, so the windows around a call can be
+long: a 60 s latent needs 2 windows of 768 frames (1536 frames decoded) instead of 7 of 240
+(1680), and the chunks' context costs a fraction of a percent.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 import torch
 from torch import nn
 
 from ..ops.snake_conv import Head, Pointwise, Snake, SnakeConv, prepare_snake_conv, snake_conv
+from .receptive_field import oobleck_receptive_field
 
 __all__ = ["FusedOobleck"]
 
@@ -83,14 +94,27 @@ class FusedOobleck(nn.Module):
     Args:
         adapter: the prepared decoder (its weights are copied into the fused layout).
         backend: see :func:`triton_dispatch.select_backend` (``"torch"``: the layers' reference).
+        chunk_frames: latent frames of audio per chunk of the levels after the first block (their
+            memory is about ``4.25 × 128 · hop × chunk_frames`` activations per batch row for
+            ACE-Step's decoder: 535 MB in bf16 at the default); ``None``: no chunks.
+
+    Raises:
+        ValueError: ``chunk_frames`` is neither ``None`` nor an int >= 1.
     """
 
-    def __init__(self, adapter: nn.Module, *, backend: str | None = None) -> None:
+    def __init__(
+        self, adapter: nn.Module, *, backend: str | None = None, chunk_frames: int | None = 256
+    ) -> None:
         super().__init__()
+        if chunk_frames is not None and (
+            not isinstance(chunk_frames, int) or isinstance(chunk_frames, bool) or chunk_frames < 1
+        ):
+            raise ValueError(f"chunk_frames must be None or an int >= 1, got {chunk_frames!r}")
         dec = adapter.decoder
         for name in ("hop", "latent_channels", "audio_channels", "sample_rate", "receptive_field"):
             setattr(self, name, getattr(adapter, name))
         self.backend = backend
+        self.chunk_frames = chunk_frames
         self._dtype, self._device = adapter.dtype, adapter.device
         blocks = list(dec.block)
         # the Snake each layer's output feeds, in order of the layers that produce them
@@ -115,12 +139,23 @@ class FusedOobleck(nn.Module):
                 self._layers.append(("unit", *_unit(unit, _snake_of(next(follow)), final)))
         if self._layers[-1][1].head is None:
             self._layers.append(("out", _conv(dec.conv2), None))
-        # the widest activation, in channels × samples per latent frame
-        widest, rate = 0, 1
-        for _, layer, _ in self._layers:
+        # the chunked levels start at the second block's upsampling; the first block's Snake
+        # output is all they read
+        ups = [i for i, (kind, _, _) in enumerate(self._layers) if kind == "up"]
+        self._split = ups[1] if len(ups) > 1 else len(self._layers)
+        self._split_rate = math.prod(layer.phases for _, layer, _ in self._layers[: self._split])
+        self._halo = 0
+        if self._split < len(self._layers):
+            tail = oobleck_receptive_field(nn.ModuleList([*blocks[1:], dec.snake1, dec.conv2]))
+            self._halo = math.ceil(max(tail.left, tail.right) / tail.hop)
+        # the widest activation of each part, in channels × samples per latent frame
+        self._widest = [0, 0]
+        rate = 1
+        for i, (_, layer, _) in enumerate(self._layers):
             rate *= layer.phases
-            widest = max(widest, layer.out_channels * rate)
-        self._widest = widest
+            part = int(i >= self._split)
+            self._widest[part] = max(self._widest[part], layer.out_channels * rate)
+        self._split_channels = self._layers[self._split - 1][1].out_channels
 
     @property
     def dtype(self) -> torch.dtype:
@@ -130,21 +165,38 @@ class FusedOobleck(nn.Module):
     def device(self) -> torch.device:
         return self._device
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        if z.dim() != 3 or z.shape[1] != self.latent_channels:
-            raise ValueError(f"z must be (B, {self.latent_channels}, T), got {tuple(z.shape)}")
-        x = activated = z.to(self._device, self._dtype).transpose(1, 2).contiguous()
+    def chunks(self, frames: int) -> list[tuple[int, int, int, int]]:
+        """``(lo, a, b, hi)`` per chunk of a call over ``frames`` latent frames, in samples of the
+        first block's output: the chunk decodes ``[lo, hi)`` and keeps ``[a, b)``."""
+        total = frames * self._split_rate
+        if self._split == len(self._layers) or total == 0:
+            return [(0, 0, total, total)]
+        size = total if self.chunk_frames is None else self.chunk_frames * self._split_rate
+        n = -(-total // size)
+        cuts = [i * total // n for i in range(n + 1)]
+        return [
+            (max(0, a - self._halo), a, b, min(total, b + self._halo))
+            for a, b in itertools.pairwise(cuts)
+        ]
+
+    def _reserve(self, x: torch.Tensor, chunks: list[tuple[int, int, int, int]]) -> None:
+        """Ask the allocator for the call's working set at once, then give it back: the layers'
+        tensors are carved from that block and merge back into it when freed, so a CUDA graph's
+        private pool (and the cache) holds about the working set. Allocated level by level, each
+        level's tensors need segments of their own size and the pool holds about twice as much.
+        A unit at the widest level holds its input, its residual and its two outputs."""
+        batch, frames, size = x.shape[0], x.shape[1], x.element_size()
+        first = 4.25 * self._widest[0] * batch * frames
+        longest = max(hi - lo for lo, _, _, hi in chunks) / self._split_rate
+        held = self._split_channels * batch * frames * self._split_rate
+        held += self.audio_channels * self.hop * batch * frames if len(chunks) > 1 else 0
+        rest = held + 4.25 * self._widest[1] * batch * longest
+        working = max(first, rest) * size
+        torch.empty(int(working) + (1 << 20), dtype=torch.uint8, device=x.device)  # freed now
+
+    def _run(self, layers, x: torch.Tensor, activated: torch.Tensor) -> torch.Tensor:
         be = self.backend
-        if x.is_cuda:
-            # Ask the allocator for the whole working set at once (a unit at the widest level
-            # holds its input, its residual and its two outputs), then give it back: the layers'
-            # smaller tensors are carved from that block and merge back into it when freed, so a
-            # CUDA graph's private pool (and the cache) holds about the working set. Allocated
-            # level by level, each level's tensors need segments of their own size and the pool
-            # holds about twice as much.
-            working = 4.25 * self._widest * x.shape[0] * x.shape[1] * x.element_size()
-            torch.empty(int(working) + (1 << 20), dtype=torch.uint8, device=x.device)  # freed now
-        for kind, layer, second in self._layers:
+        for kind, layer, second in layers:
             if kind == "unit" and second is None:
                 x, activated = snake_conv(activated, layer, residual=x, backend=be)
             elif kind == "unit":
@@ -156,4 +208,24 @@ class FusedOobleck(nn.Module):
                 _, activated = snake_conv(x, layer, backend=be)
             else:
                 activated, _ = snake_conv(activated, layer, backend=be)
-        return activated.transpose(1, 2)  # the audio: from the "out" layer or the last head
+        return activated
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        if z.dim() != 3 or z.shape[1] != self.latent_channels:
+            raise ValueError(f"z must be (B, {self.latent_channels}, T), got {tuple(z.shape)}")
+        x = z.to(self._device, self._dtype).transpose(1, 2).contiguous()
+        chunks = self.chunks(x.shape[1])
+        if x.is_cuda:
+            self._reserve(x, chunks)
+        first, rest = self._layers[: self._split], self._layers[self._split :]
+        activated = self._run(first, x, x)
+        if len(chunks) == 1:
+            return self._run(rest, activated, activated).transpose(1, 2)
+        # the audio, channels-last; every chunk's kept part is final
+        step = self.hop // self._split_rate  # audio samples per sample of the split
+        audio = activated.new_empty(x.shape[0], x.shape[1] * self.hop, self.audio_channels)
+        for lo, a, b, hi in chunks:
+            part = activated[:, lo:hi].contiguous()  # a view when the batch is one row
+            out = self._run(rest, part, part)
+            audio[:, a * step : b * step] = out[:, (a - lo) * step : (b - lo) * step]
+        return audio.transpose(1, 2)  # the audio: from the "out" layer or the last head

@@ -9,7 +9,7 @@ from typing import Literal
 import torch
 
 from .engine import DecoderEngine, DecoderMode
-from .stage import AudioDecoder
+from .stage import AudioDecoder, default_window
 from .windows import window_lengths
 
 __all__ = ["VAES", "build_audio_decoder", "default_vae"]
@@ -37,7 +37,7 @@ def build_audio_decoder(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     mode: DecoderMode | Literal["auto"] = "eager",
-    window: int = 256,
+    window: int | None = None,
     context: int | None = None,
     crossfade: int = 1,
     window_align: int = 16,
@@ -75,6 +75,8 @@ def build_audio_decoder(
     adapter = build_decoder(preset_of, seed=seed, device=device, dtype=dtype)
     if mode == "auto":
         mode = "fused-graphs" if adapter.device.type == "cuda" else "eager"
+    if window is None:
+        window = default_window(mode)
     graph_lengths = None if mode == "eager" else window_lengths(window, window_align)
     engine = DecoderEngine(adapter, max_batch=batch_windows, mode=mode, graph_lengths=graph_lengths)
     return AudioDecoder(
