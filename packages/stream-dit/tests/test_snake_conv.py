@@ -2,6 +2,7 @@
 diffusers' own modules (an independent reference: ``nn.Conv1d``/``nn.ConvTranspose1d``)."""
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from stream_dit.ops.snake_conv import (
     snake_conv,
     snake_conv_reference,
 )
+from triton_dispatch.launch import clear_plan_caches
 from triton_dispatch.testing import assert_close, poison_
 
 pytest.importorskip("diffusers")
@@ -98,6 +100,24 @@ def test_layer_matches_float64_spec_into_poisoned_buffers(rng, device, monkeypat
         if want is not None:
             assert got.shape == want.shape and got.dtype == dtype
             assert_close(got, want, tol=tol, name=what)
+
+
+@pytest.mark.parametrize("name", ["transposed-odd-stride", "unit-pointwise", "wide-in-narrow-out"])
+def test_persistent_programs_cover_every_tile(rng, device, monkeypatch, name):
+    """The launch whose programs walk the tiles (the transposed and 1x1 layers' on Hopper), here
+    one program walking every tile of both batch rows: each tile written once."""
+    shipped = plan.launch_config
+    monkeypatch.setattr(
+        plan, "launch_config", lambda *a: shipped(*a)._replace(block_m=16, persistent=1)
+    )
+    monkeypatch.setattr(plan, "device_facts", lambda device: SimpleNamespace(sm_count=1))
+    clear_plan_caches()  # plans bind their tiles
+    try:
+        test_layer_matches_float64_spec_into_poisoned_buffers(
+            rng, device, monkeypatch, name, torch.float32
+        )
+    finally:
+        clear_plan_caches()
 
 
 @pytest.mark.parametrize(
