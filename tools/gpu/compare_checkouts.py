@@ -1,8 +1,9 @@
 """The same measurements on two checkouts in one run, alternating, so that a refactor's "no worse
 than before" is read off one machine: host time per call (``host_profile.py --root``) and the
-``--quick`` rows of the benchmarks named, each the best of ``--rounds`` alternating rounds.
+``--quick`` rows of the benchmarks named (with ``--full``, their whole tables), each the best of
+``--rounds`` alternating rounds.
 
-    python3 tools/gpu/compare_checkouts.py --base ../baseline [--out DIR] [--rounds 2]
+    python3 tools/gpu/compare_checkouts.py --base ../baseline [--out DIR] [--rounds 2] [--full]
 
 Each measurement runs in a fresh process with only that checkout's packages on ``PYTHONPATH``.
 Writes ``compare_checkouts.json`` and prints the ratio new / base per row (below 1: faster now) of
@@ -60,12 +61,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--benchmarks", default=",".join(BENCHMARKS))
+    parser.add_argument("--full", action="store_true", help="whole tables, not --quick rows")
+    parser.add_argument("--skip-host", action="store_true", help="benchmarks only")
     args = parser.parse_args()
     trees = {"base": args.base.resolve(), "new": ROOT}
     host: dict[str, dict[str, list[float]]] = {"base": {}, "new": {}}
     bench: dict[str, dict[str, list[float]]] = {"base": {}, "new": {}}
     scratch = args.out / "compare"
-    for rnd in range(args.rounds):
+    for rnd in range(0 if args.skip_host else args.rounds):
         for label, tree in trees.items():
             folder = scratch / f"{label}{rnd}"
             cmd = [sys.executable, str(ROOT / "tools/gpu/host_profile.py"), "--root", str(tree),
@@ -79,11 +82,14 @@ def main() -> None:
     for rnd, script, (label, tree) in itertools.product(range(args.rounds), scripts, trees.items()):
         target = scratch / f"{label}{rnd}" / (Path(script).stem + ".json")
         target.parent.mkdir(parents=True, exist_ok=True)
-        if _run([sys.executable, script, "--quick", "--out", str(target)], tree, 400):
+        size = [] if args.full else ["--quick"]
+        if _run([sys.executable, script, *size, "--out", str(target)], tree, 400):
             data = json.loads(target.read_text())
             for rec in data.get("records", data if isinstance(data, list) else []):
-                key = f"{Path(script).stem}: {rec['name']}"
+                shape = ",".join(f"{k}={v}" for k, v in (rec.get("shape") or {}).items())
+                key = f"{Path(script).stem}: {rec['name']} [{shape}]"
                 bench[label].setdefault(key, []).append(rec["ours_ms"])
+                print(f"{label}{rnd} {key[:100]:100s} {rec['ours_ms']:10.4f}", flush=True)
     rows = []
     for kind, table in (("host wall µs", host), ("benchmark ms", bench)):
         for key in table["new"]:
@@ -96,7 +102,7 @@ def main() -> None:
     )
     for r in rows:
         print(
-            f"{r['kind']:13s} {r['case'][:70]:70s} {r['base']:10.2f} {r['new']:10.2f} {r['ratio']:6.2f}"
+            f"{r['kind']:13s} {r['case'][:100]:100s} {r['base']:10.3f} {r['new']:10.3f} {r['ratio']:6.2f}"
         )
 
 
