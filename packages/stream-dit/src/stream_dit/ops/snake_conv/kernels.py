@@ -68,8 +68,8 @@ def _conv_tile(
     N_P: tl.constexpr,
     COUT: tl.constexpr,
     TAPS: tl.constexpr,
-    DIL: tl.constexpr,
-    PAD: tl.constexpr,
+    DIL,  # runtime values, not specialised on: one compiled kernel serves every dilation
+    PAD,
     PHASES: tl.constexpr,
     SHIFT: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -194,12 +194,12 @@ def _conv_tile(
 
 
 # fmt: off
-@triton.jit
+@triton.jit(do_not_specialize=["DIL", "PAD"])
 def snake_conv_kernel(
     x, weight, bias, pw_weight, pw_bias, pw_alpha, pw_inv_beta, out_alpha, out_inv_beta,
     head_weight, residual, out, snake_out, partial, x_desc, w_desc, L_in, L_out, rows, batch,
     CIN: tl.constexpr, CIN_P: tl.constexpr, N: tl.constexpr, N_P: tl.constexpr,
-    COUT: tl.constexpr, TAPS: tl.constexpr, DIL: tl.constexpr, PAD: tl.constexpr,
+    COUT: tl.constexpr, TAPS: tl.constexpr, DIL, PAD,
     PHASES: tl.constexpr, SHIFT: tl.constexpr, HAS_BIAS: tl.constexpr, POINTWISE: tl.constexpr,
     PW_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, STORE_OUT: tl.constexpr,
     STORE_SNAKE: tl.constexpr, HEAD: tl.constexpr, HEAD_TAPS: tl.constexpr, HEAD_C: tl.constexpr,
