@@ -222,6 +222,36 @@ def test_fused_decoder_matches_the_adapter(rng, device, preset, chunk_frames):
     assert_close(got, want, tol=2e-6, name="audio")
 
 
+@pytest.mark.parametrize("chunk_frames", [None, 2])
+def test_compile_ahead_plans_every_launch_of_the_call(rng, device, monkeypatch, chunk_frames):
+    """The launches ``compile_ahead`` plans (and starts compiling) are those ``forward`` makes:
+    the same layers on the same shapes, so the call finds every plan built; under the
+    interpreter each plan's ``compile_ahead`` still checks its launches' argument counts."""
+    import stream_dit.decode.fused as fused_module
+    from stream_dit.ops.snake_conv.op import SNAKE_CONV
+
+    _, adapter = tiny_decoder(THREE_BLOCKS)
+    z = torch.randn(2, adapter.latent_channels, 7, generator=rng)
+    want = adapter.double()(z.double())
+    fused = FusedOobleck(adapter.float().to(device), chunk_frames=chunk_frames)
+    seen = set()
+
+    def recording(x, layer, *, residual=None, backend=None):
+        seen.add((id(layer), tuple(x.shape), None if residual is None else tuple(residual.shape)))
+        return snake_conv(x, layer, residual=residual, backend=backend)
+
+    monkeypatch.setattr(fused_module, "snake_conv", recording)
+    clear_plan_caches()
+    fused.compile_ahead(2, 7)
+    fused.compile_ahead(2, 7)  # once per shape
+    planned = SNAKE_CONV._kernel_plans.misses
+    got = fused(z.to(device))
+    assert SNAKE_CONV._kernel_plans.misses == planned  # every plan was there already
+    ahead = {(id(layer), s, r) for layer, s, r in fused._launches(2, 7)}
+    assert ahead == seen
+    assert_close(got, want, tol=2e-6, name="audio")
+
+
 def test_chunks_carry_their_receptive_field(rng):
     """Chunked equals one pass exactly, and one sample less of context than the receptive field
     gives does not: the context is what makes chunks exact, and no more than that."""

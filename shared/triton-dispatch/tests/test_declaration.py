@@ -156,6 +156,25 @@ def test_repeat_calls_reuse_one_plan_and_rebuild_for_new_metadata():
         EXP(_x(rows=5, cols=14)[:, ::2], None)
 
 
+def test_plan_for_builds_the_plan_the_call_then_runs():
+    EXP._plans.clear()
+    EXP._kernel_plans.clear()
+    before = _ExpPlan.builds
+    x = _x(rows=4, cols=6)
+    plan = EXP.plan_for(x, None, scale=2.0)
+    assert isinstance(plan, _ExpPlan) and _ExpPlan.builds == before + 1
+    assert EXP.plan_for(x, None, scale=2.0) is plan
+    assert_close(EXP(_x(rows=4, cols=6).copy_(x), None, scale=2.0), torch.exp(2 * x.double()))
+    assert _ExpPlan.builds == before + 1  # the call found the plan plan_for built
+    # where the reference runs the call there is no plan; bad arguments raise as the call does
+    assert EXP.plan_for(x, None, scale=11.0) is None
+    assert EXP.plan_for(x, None, backend="torch") is None
+    with pytest.raises(ValueError, match="shift must have x's shape"):
+        EXP.plan_for(x, _x(rows=3, cols=6))
+    with pytest.raises(TypeError, match="takes 2 tensors"):
+        EXP.plan_for(x)
+
+
 def test_outputs_written_by_the_kernels_not_left_from_memory():
     x = _x()
     out = EXP(x, None)

@@ -488,6 +488,26 @@ class OpDeclaration:
             self.check(call)
         return call
 
+    def plan_for(self, *tensors: Any, backend: str | None = None, **settings: Any) -> Any:
+        """The kernel plan an eager call with these arguments runs, built now and kept where
+        that call will find it, or ``None`` where the reference runs the call. A caller that
+        knows its next calls can build their plans first and start their compiles (a plan's
+        ``compile_ahead()``, where the op's plans offer one) before the first of them runs.
+
+        Raises:
+            ValueError / TypeError: what the call itself would raise for these arguments.
+        """
+        self._check_count(tensors)
+        passed = None if self._split_passed is None else self._split_passed(settings)[0]
+        call = self.validate(tensors, backend, settings, passed)
+        if not uses_triton(call.backend):
+            return None
+        key = (_meta_key(tensors, self._binds), tuple(call.settings.values()))
+        if self.passed:
+            key += (self._passed_key(call.passed),)
+        plan = self._kernel_plans.get(key, lambda: self.plan(call) or _REFERENCE)
+        return None if plan is _REFERENCE else plan
+
     def tensor_args(self) -> list:
         """The bad-input kit's description of the arguments (:mod:`triton_dispatch.bad_inputs`)."""
         from .bad_inputs import TensorArg

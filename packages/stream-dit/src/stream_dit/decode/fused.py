@@ -25,7 +25,15 @@ import math
 import torch
 from torch import nn
 
-from ..ops.snake_conv import Head, Pointwise, Snake, SnakeConv, prepare_snake_conv, snake_conv
+from ..ops.snake_conv import (
+    Head,
+    Pointwise,
+    Snake,
+    SnakeConv,
+    prepare_snake_conv,
+    snake_conv,
+    snake_conv_ahead,
+)
 from .receptive_field import oobleck_receptive_field
 
 __all__ = ["FusedOobleck"]
@@ -82,6 +90,22 @@ def _unit(unit, nxt: Snake, final: nn.Conv1d | None) -> tuple[SnakeConv, SnakeCo
         return _conv(unit.conv1, pointwise=pw, out_snake=nxt, head=head, **last), None
     first = _conv(unit.conv1, out_snake=pw.snake, store_out=False)
     return first, prepare_snake_conv(pw.weight[None], pw.bias, out_snake=nxt, **last)
+
+
+def _layer_calls(layers, batch: int, channels: int, length: int) -> list[tuple]:
+    """``(layer, input shape, residual shape or None)`` of each launch of ``layers`` run (as
+    :meth:`FusedOobleck._run` runs them) on ``(batch, length, channels)``."""
+    calls = []
+    for kind, layer, second in layers:
+        shape = (batch, length, channels)
+        length = layer.output_length(length)
+        out = (batch, length, layer.out_channels)
+        if kind == "unit" and second is not None:
+            calls += [(layer, shape, None), (second, out, out)]
+        else:
+            calls.append((layer, shape, out if kind == "unit" else None))
+        channels = layer.out_channels
+    return calls
 
 
 class FusedOobleck(nn.Module):
@@ -156,6 +180,7 @@ class FusedOobleck(nn.Module):
             part = int(i >= self._split)
             self._widest[part] = max(self._widest[part], layer.out_channels * rate)
         self._split_channels = self._layers[self._split - 1][1].out_channels
+        self._planned: set[tuple[int, int]] = set()  # (batch, frames) whose compiles started
 
     @property
     def dtype(self) -> torch.dtype:
@@ -194,6 +219,31 @@ class FusedOobleck(nn.Module):
         working = max(first, rest) * size
         torch.empty(int(working) + (1 << 20), dtype=torch.uint8, device=x.device)  # freed now
 
+    def compile_ahead(self, batch: int, frames: int) -> None:
+        """Plan every launch of a call on ``(batch, latent_channels, frames)`` and start compiling
+        their kernels side by side on background threads (the first call of a shape otherwise
+        compiles them one after another as it reaches them). ``forward`` does this on the first
+        CUDA call of each shape; a warm-up may call it earlier. Where calls do not compile (the
+        interpreter, the CPU) it only plans them."""
+        if (batch, frames) in self._planned:
+            return
+        self._planned.add((batch, frames))
+        calls = self._launches(batch, frames)
+        # a plan reads only shapes: one scratch buffer serves every call
+        largest = max(math.prod(shape) for _, shape, _ in calls)
+        scratch = torch.empty(largest, dtype=self._dtype, device=self._device)
+        for layer, shape, residual in calls:
+            x = scratch[: math.prod(shape)].view(shape)
+            r = None if residual is None else scratch[: math.prod(residual)].view(residual)
+            snake_conv_ahead(x, layer, residual=r, backend=self.backend)
+
+    def _launches(self, batch: int, frames: int) -> list[tuple]:
+        """``(layer, input shape, residual shape or None)`` of every distinct launch of a call."""
+        parts = [(self._layers[: self._split], self.latent_channels, frames)]
+        lengths = sorted({hi - lo for lo, _, _, hi in self.chunks(frames)})
+        parts += [(self._layers[self._split :], self._split_channels, n) for n in lengths]
+        return [call for layers, c, n in parts for call in _layer_calls(layers, batch, c, n)]
+
     def _run(self, layers, x: torch.Tensor, activated: torch.Tensor) -> torch.Tensor:
         be = self.backend
         for kind, layer, second in layers:
@@ -216,6 +266,7 @@ class FusedOobleck(nn.Module):
         x = z.to(self._device, self._dtype).transpose(1, 2).contiguous()
         chunks = self.chunks(x.shape[1])
         if x.is_cuda:
+            self.compile_ahead(x.shape[0], x.shape[1])
             self._reserve(x, chunks)
         first, rest = self._layers[: self._split], self._layers[self._split :]
         activated = self._run(first, x, x)

@@ -2,7 +2,7 @@
 channels-last activations, with the next layer's activation, a residual unit's 1×1 half and its
 residual add folded in: the building block of :mod:`stream_dit.decode.fused`."""
 
-from .dispatch import SnakeConv, prepare_snake_conv, snake_conv
+from .dispatch import SnakeConv, prepare_snake_conv, snake_conv, snake_conv_ahead
 from .reference import Head, Pointwise, Snake, snake_conv_reference
 
 __all__ = [
@@ -12,5 +12,6 @@ __all__ = [
     "SnakeConv",
     "prepare_snake_conv",
     "snake_conv",
+    "snake_conv_ahead",
     "snake_conv_reference",
 ]

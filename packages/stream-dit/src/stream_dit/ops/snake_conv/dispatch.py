@@ -168,3 +168,28 @@ def snake_conv(
     )
     gives_second = layer.out_snake is not None or layer.head is not None
     return (out if layer.store_out else None), (second if gives_second else None)
+
+
+def snake_conv_ahead(
+    x: torch.Tensor,
+    layer: SnakeConv,
+    *,
+    residual: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> None:
+    """Build the plan of ``snake_conv(x, layer, residual=residual)`` and start compiling its
+    kernels on background threads, so that the call, when it comes, finds them compiled (or
+    waits for the compile already running). Only the arguments' shapes, dtypes and devices are
+    read: ``x`` and ``residual`` may hold anything. Does nothing more than check and plan where
+    calls do not compile (the interpreter, the CPU, the reference, float64).
+
+    Raises:
+        ValueError / TypeError: what the call itself would raise for these arguments.
+    """
+    if not isinstance(layer, SnakeConv):
+        raise TypeError(f"layer must come from prepare_snake_conv, got {type(layer).__name__}")
+    plan = SNAKE_CONV.plan_for(
+        x, layer.weight, *layer._tensors, residual, backend=backend, **layer._settings
+    )
+    if plan is not None:
+        plan.compile_ahead()

@@ -121,6 +121,11 @@ def snake_conv_plan(call: Call) -> SimpleNamespace | None:
     if tma:
         launch = _with_tma(launch, snake_conv_kernel, grid, bound, options, tiles, x, n)
     shape = (batch, length, cout)
+    # a launch's per-call arguments as compiles ahead of the call take them: the layer's own
+    # tensors, dtypes where the call's activations and outputs go
+    ahead = [x.dtype, *(call[name] for name in LAYER_TENSORS if call[name] is not None)]
+    ahead += [x.dtype] if call["residual"] is not None else []
+    ahead += [x.dtype] * store_out
     if not head:
 
         def forward(x, *tensors):
@@ -129,7 +134,8 @@ def snake_conv_plan(call: Call) -> SimpleNamespace | None:
             launch(*(t for t in (x, *tensors, out, act) if t is not None))
             return _or_empty(out, x), _or_empty(act, x)
 
-        return SimpleNamespace(forward=forward)
+        ahead += [x.dtype] * snake_out
+        return SimpleNamespace(forward=forward, compile_ahead=lambda: launch.compile_ahead(*ahead))
 
     block_t = 64 if interpret else 512
     tap_sum = KernelLaunch(
@@ -151,7 +157,12 @@ def snake_conv_plan(call: Call) -> SimpleNamespace | None:
         tap_sum(*(t for t in (partial, head_bias, audio) if t is not None))
         return _or_empty(out, x), audio
 
-    return SimpleNamespace(forward=forward_with_head)
+    def compile_ahead() -> None:
+        launch.compile_ahead(*ahead, torch.float32)
+        head_bias = () if call["head_bias"] is None else (call["head_bias"],)
+        tap_sum.compile_ahead(torch.float32, *head_bias, x.dtype)
+
+    return SimpleNamespace(forward=forward_with_head, compile_ahead=compile_ahead)
 
 
 def _or_empty(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -183,12 +194,21 @@ def _with_tma(pointer_launch, kernel, grid, bound, options, tiles: Tiles, x, n: 
     x_box = [1, tiles.block_m, tiles.block_k]
     w_box = [tiles.block_k, tiles.block_n]
 
+    def descriptors(x: torch.Tensor, weight: torch.Tensor) -> tuple:
+        x_desc = TensorDescriptor(x, [batch, length_in, cin], [length_in * cin, cin, 1], x_box)
+        taps_cin = weight.shape[0] * weight.shape[1]
+        return x_desc, TensorDescriptor(weight, [taps_cin, n], [n, 1], w_box)
+
     def launch(x, weight, *rest):
         if not (aligned(x) and aligned(weight)):
             return pointer_launch(x, weight, *rest)
-        x_desc = TensorDescriptor(x, [batch, length_in, cin], [length_in * cin, cin, 1], x_box)
-        taps_cin = weight.shape[0] * weight.shape[1]
-        w_desc = TensorDescriptor(weight, [taps_cin, n], [n, 1], w_box)
-        tma(x, weight, *rest, x_desc, w_desc)
+        tma(x, weight, *rest, *descriptors(x, weight))
 
+    def compile_ahead(x_dtype: torch.dtype, weight: torch.Tensor, *rest) -> None:
+        # the kernel specialises on a descriptor's block and dtype, not on its base: a stand-in
+        # base of the activations' dtype gives the call's kernel
+        stand_in = torch.empty(8, dtype=x_dtype, device=weight.device)
+        tma.compile_ahead(x_dtype, weight, *rest, *descriptors(stand_in, weight))
+
+    launch.compile_ahead = compile_ahead
     return launch
