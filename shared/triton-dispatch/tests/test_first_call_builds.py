@@ -138,6 +138,44 @@ def test_a_kernel_compiled_ahead_is_not_compiled_again_at_its_launch(monkeypatch
     assert_close(y, x.double() + 1)
 
 
+def test_claim_gives_each_key_once():
+    key = ("claimed once", object())
+    assert compile_ahead.claim(key)
+    assert not compile_ahead.claim(key)
+
+
+@triton.jit(do_not_specialize=["scale"])
+def _scaled(X, Y, n, scale, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i, mask=i < n) * scale, mask=i < n)
+
+
+@pytest.mark.gpu
+def test_launches_that_share_a_kernel_compile_it_once_ahead(monkeypatch, tmp_path):
+    """Two launches that differ only in an argument Triton does not specialise on (1 and 16
+    would be two kernels otherwise) submit one background compile, and neither compiles again."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    n = 1000
+    block = 128 << int(torch.randint(0, 4, ()).item())  # a variant this process has not built
+    launches = [
+        KernelLaunch(_scaled, (triton.cdiv(n, block),), {"n": n, "scale": s, "BLOCK": block},
+                     device=torch.device("cuda"))
+        for s in (1, 16)
+    ]  # fmt: skip
+    before = compile_ahead.submitted_count()
+    for launch in launches:
+        launch.compile_ahead(torch.float32, torch.float32)
+    assert compile_ahead.submitted_count() == before + 1
+    compile_ahead.wait_all()
+    x = randn((n,), device="cuda")
+    with counting_compiles() as count:
+        for launch, s in zip(launches, (1, 16), strict=True):
+            y = torch.full_like(x, float("nan"))
+            launch(x, y)
+            assert_close(y, x.double() * s)
+    assert count.compiled == 0
+
+
 def test_fast_builds_follow_the_declared_triton_versions(fresh_hook, monkeypatch):
     from triton_dispatch import triton_version
 

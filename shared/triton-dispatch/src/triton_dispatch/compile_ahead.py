@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -30,6 +30,7 @@ COMPILE_AHEAD_ENV_VAR = "TRITON_DISPATCH_COMPILE_AHEAD"
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pending: dict[int, list[Future]] = {}  # by id() of the JITFunction being compiled
+_claimed: set[Hashable] = set()  # specialisations compiled or compiling in the background
 _submitted = 0
 
 
@@ -72,6 +73,16 @@ def submit(jit: object, job: Callable[[], object]) -> Future:
     return future
 
 
+def claim(key: Hashable) -> bool:
+    """Whether ``key`` (a kernel's specialisation) is new to this process's background compiles:
+    ``True`` once per key, for the caller that then compiles it."""
+    with _lock:
+        if key in _claimed:
+            return False
+        _claimed.add(key)
+        return True
+
+
 def wait_for(jit: object) -> None:
     """Block until every background compile of ``jit`` submitted so far has finished."""
     if not _pending:
@@ -99,6 +110,7 @@ def submitted_count() -> int:
 __all__ = [
     "COMPILE_AHEAD_ENV_VAR",
     "backward_follows",
+    "claim",
     "compile_ahead_enabled",
     "submit",
     "submitted_count",

@@ -394,14 +394,44 @@ class KernelLaunch:
         package = getattr(self.kernel, "package", None)
         if package is not None and autotune_mode.autotune_enabled(package):
             return  # its trials run on the real arguments
+        # launches that differ only in arguments Triton does not specialise on share one kernel:
+        # the first of them compiles it, the others would compile it again beside it
+        key = self._specialization(args)
+        if key is not None and not compile_ahead.claim(key):
+            return
         compile_ahead.submit(_jit_function(self.kernel), lambda: self._compile_only(args))
+
+    def _standins(self, args: tuple) -> tuple:
+        return tuple(
+            torch.empty(0, dtype=a, device=self.device) if isinstance(a, torch.dtype) else a
+            for a in args
+        )  # fmt: skip
+
+    def _specialization(self, args: tuple) -> Hashable | None:
+        """The key Triton's cache gives the kernel these arguments compile (a plain kernel under
+        the releases the direct launch supports), or ``None`` where it cannot be read."""
+        jit = self.kernel
+        if _jit_function(jit) is not jit:
+            return None  # a wrapper adds arguments of its own
+        try:
+            from triton import knobs
+            from triton.runtime.driver import driver
+
+            with torch.cuda.device(self.device):
+                positional, values = self._arguments(self._standins(args))
+                kwargs = {**values, **self.options}
+                kwargs["debug"] = kwargs.get("debug", jit.debug) or knobs.runtime.debug
+                kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+                device = driver.active.get_current_device()
+                binder = jit.device_caches[device][-1]
+                _, specialization, options = binder(*positional, **kwargs)
+            return (id(jit), device, repr(specialization), repr(options))
+        except Exception:  # internals moved: compile without the check
+            return None
 
     def _compile_only(self, args: tuple) -> None:
         with torch.cuda.device(self.device):
-            standins = tuple(
-                torch.empty(0, dtype=a, device=self.device) if isinstance(a, torch.dtype) else a
-                for a in args
-            )  # fmt: skip
+            standins = self._standins(args)
             positional, values = self._arguments(standins)
             compiled = self.kernel.run(
                 *positional, grid=self.grid, warmup=True, **values, **self.options
