@@ -266,7 +266,8 @@ class FusedOobleck(nn.Module):
         x = z.to(self._device, self._dtype).transpose(1, 2).contiguous()
         chunks = self.chunks(x.shape[1])
         if x.is_cuda:
-            self.compile_ahead(x.shape[0], x.shape[1])
+            if not torch.cuda.is_current_stream_capturing():  # no scratch in a graph's pool
+                self.compile_ahead(x.shape[0], x.shape[1])
             self._reserve(x, chunks)
         first, rest = self._layers[: self._split], self._layers[self._split :]
         activated = self._run(first, x, x)
