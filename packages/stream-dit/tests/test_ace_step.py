@@ -142,6 +142,69 @@ def test_adapter_contract_and_errors(ace):
         session.submit(Request(frames=6, cond=torch.zeros(2, 64)))
 
 
+def _fused_inputs(seed: int, rows: int = 4, frames: int = 23, length: int = 6):
+    """A padded batch: short rows, conditioning of several lengths, an unconditional row, a row
+    without context, odd T (the patchify pad)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, frames, 64, generator=gen)
+    t = torch.rand(rows, generator=gen)
+    states = torch.randn(rows, length, 32, generator=gen)
+    states_mask = torch.arange(length)[None] < torch.tensor([length, 3, 0, 1][:rows])[:, None]
+    frame_mask = torch.arange(frames)[None] < torch.tensor([frames, 9, frames, 14][:rows])[:, None]
+    context = torch.randn(rows, frames, 128, generator=gen)
+    return x, t, states, states_mask, frame_mask, context
+
+
+@pytest.mark.parametrize("with_masks", [True, False], ids=["padded", "full"])
+def test_fused_blocks_match_diffusers_blocks(seed, with_masks):
+    """The fused path (stacked projections, fused norms, rotary, SwiGLU and the banded attention
+    kernel, run here in Triton's interpreter) against diffusers' blocks on the same inputs; on
+    the real rows of a padded batch too."""
+    fused = build_ace_step("tiny", seed=seed % 1000, fused=True)
+    x, t, states, states_mask, frame_mask, context = _fused_inputs(seed)
+    if not with_masks:
+        frame_mask, context = None, None
+    with torch.no_grad():
+        got = fused(x, t, states, states_mask, frame_mask, context)
+        fused.fused = False
+        want = fused(x, t, states, states_mask, frame_mask, context)
+    torch.testing.assert_close(_real(got, frame_mask), _real(want, frame_mask), **TOL)
+    assert torch.isfinite(got).all()  # padded frames stay finite (they feed nothing, NaN would)
+
+
+def _real(out: torch.Tensor, frame_mask: torch.Tensor | None) -> torch.Tensor:
+    """The frames of ``out`` a request owns (padded frames' outputs are discarded: the reference
+    blocks give them an average over masked keys, the fused attention zeros)."""
+    return out if frame_mask is None else out[frame_mask]
+
+
+def test_fused_weights_stay_the_models_weights(seed):
+    """The stacked projections are views the modules share: an in-place load reaches the fused
+    path; a dtype change rebuilds it; an ONNX export traces the reference blocks."""
+    model = build_ace_step("tiny", seed=1, fused=True)
+    sa = model.transformer.layers[0].self_attn
+    stacked = model.prepare().blocks_weights[0].qkv
+    assert sa.to_k.weight.untyped_storage().data_ptr() == stacked.untyped_storage().data_ptr()
+    other = build_ace_step("tiny", seed=2, fused=False)
+    model.load_state_dict(other.state_dict())  # in place, into the views
+    assert torch.equal(stacked[sa.to_q.weight.shape[0] :][: sa.to_k.weight.shape[0]],
+                       other.transformer.layers[0].self_attn.to_k.weight)  # fmt: skip
+    args = _fused_inputs(seed, rows=2)
+    with torch.no_grad():
+        torch.testing.assert_close(_real(model(*args), args[4]), _real(other(*args), args[4]),
+                                   **TOL)  # fmt: skip
+        model.to(torch.float16)  # new tensors: the views are gone
+        assert model.prepare() is not None and not model._fused_model.stale()
+        half = [a.half() if a.is_floating_point() else a for a in args]
+        got = model(*half)
+        model.fused = False
+        want = model(*half)
+        torch.testing.assert_close(_real(got, args[4]), _real(want, args[4]), rtol=2e-2, atol=2e-2)
+        model.fused = True
+        with AceStepAdapter.export_context():
+            assert torch.equal(model(*half), want)  # the reference blocks, bit for bit
+
+
 def test_cli_serve_and_demo_with_ace_step(monkeypatch, tmp_path, capsys):
     """``stream-dit serve --model ace-step`` serves the diffusers model; the demo runs it too."""
     pytest.importorskip("fastapi")

@@ -37,6 +37,7 @@ try:
     from diffusers.models.transformers.ace_step_transformer import AceStepTransformer1DModel
 
     from .ace_step_attention import diffusers_processors, use_native_processor
+    from .ace_step_fused import FusedAceStep
     from .diffusers_common import resolve_preset, seeded_model
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -84,6 +85,12 @@ class AceStepAdapter(nn.Module):
         null_condition: the condition encoder's ``null_condition_emb`` (any shape holding
             ``cond_dim`` numbers), used for rows without conditioning tokens. ``None`` draws a
             seeded random one (``seed``), as for a model with random weights.
+        fused: run the blocks on the package's fused kernels
+            (:class:`~stream_dit.model.ace_step_fused.FusedAceStep`): ``None`` (default) on CUDA
+            only, ``True`` everywhere (the Triton interpreter or the ops' PyTorch references off
+            CUDA), ``False`` never (diffusers' modules, block by block). The fused path stacks
+            the QKV and gate/up projection weights once and makes the modules' weights views of
+            the stacks (same memory, same values).
     """
 
     def __init__(
@@ -92,8 +99,12 @@ class AceStepAdapter(nn.Module):
         null_condition: torch.Tensor | None = None,
         *,
         seed: int = 0,
+        fused: bool | None = None,
     ) -> None:
         super().__init__()
+        if fused not in (None, True, False):
+            raise TypeError(f"fused must be None, True or False, got {fused!r}")
+        self.fused = fused
         if not isinstance(transformer, AceStepTransformer1DModel):
             raise TypeError(
                 f"transformer must be an AceStepTransformer1DModel, got {type(transformer).__name__}"
@@ -121,6 +132,22 @@ class AceStepAdapter(nn.Module):
             null_condition.detach().reshape(self.cond_dim).to(param.device, param.dtype),
             requires_grad=False,
         )
+        self._fused_model: FusedAceStep | None = None
+        if self._fused_enabled(param.device):
+            self.prepare()
+
+    def _fused_enabled(self, device: torch.device) -> bool:
+        if _EXPORTING[0]:
+            return False
+        return self.fused if self.fused is not None else device.type == "cuda"
+
+    def prepare(self) -> FusedAceStep:
+        """Build the fused path's prepared weights now (stacked projections), or again after the
+        model moved (``.to()``); the first forward does it otherwise. Engines call it before
+        compiling or capturing."""
+        if self._fused_model is None or self._fused_model.stale():
+            self._fused_model = FusedAceStep(self.transformer)
+        return self._fused_model
 
     @property
     def dtype(self) -> torch.dtype:
@@ -152,10 +179,12 @@ class AceStepAdapter(nn.Module):
         """Entered by :func:`~stream_dit.engines.tensorrt.export_onnx` around the trace: the
         rotary embedding with a split the ONNX trace keeps dynamic in T (same arithmetic)."""
         _ace.apply_rotary_emb = _rotary_for_export
+        _EXPORTING[0] = True  # the exported graph is the reference forward's
         try:
             yield
         finally:
             _ace.apply_rotary_emb = _ace_apply_rotary_emb
+            _EXPORTING[0] = False
 
     def forward(
         self,
@@ -170,6 +199,10 @@ class AceStepAdapter(nn.Module):
         dtype = self.dtype
         b, frames, _ = x.shape
         p = self.patch
+        fused = None
+        if self._fused_enabled(x.device):
+            # traced (torch.compile), the build of prepare() stands: engines prepare first
+            fused = self._fused_model if torch.compiler.is_compiling() else self.prepare()
 
         # the pipeline's conventions: t in [0, 1] in the model's dtype, timestep_r = t
         t = t.to(dtype)
@@ -183,10 +216,14 @@ class AceStepAdapter(nn.Module):
         hidden = torch.cat([context.to(dtype), x.to(dtype)], dim=-1)
         # always pad (possibly by 0) so an exported graph stays correct for every T
         hidden = F.pad(hidden, (0, 0, 0, (-frames) % p))
-        # contiguous tokens: the convolution's (B, C, T) output read as (B, T, C) would carry a
-        # feature stride of T through the residual stream, and every Linear would get a misaligned
-        # operand (cuBLAS falls back to an sm75 align-1 kernel: 3x slower at the published size)
-        hidden = m.proj_in_conv(hidden.transpose(1, 2)).transpose(1, 2).contiguous()
+        if fused is not None:
+            hidden = fused.patchify(hidden)
+        else:
+            # contiguous tokens: the convolution's (B, C, T) output read as (B, T, C) would carry
+            # a feature stride of T through the residual stream, and every Linear would get a
+            # misaligned operand (cuBLAS falls back to an sm75 align-1 kernel: 3x slower at the
+            # published size)
+            hidden = m.proj_in_conv(hidden.transpose(1, 2)).transpose(1, 2).contiguous()
         n = hidden.shape[1]
 
         # rows without tokens (the unconditional branch) attend to the learned null embedding
@@ -199,6 +236,15 @@ class AceStepAdapter(nn.Module):
         encoder = m.condition_embedder(states)
         cross_mask = states_mask[:, None, None, :]
 
+        key_mask = None
+        if frame_mask is not None:
+            # a patch is real when its first frame is
+            key_mask = frame_mask.to(torch.bool)[:, ::p][:, :n]
+        if fused is not None:
+            hidden = fused.blocks(hidden, timestep_proj, temb, encoder, key_mask, states_mask)
+            return fused.unpatchify(hidden)[:, :frames].contiguous()
+        band, full = self._self_masks(key_mask, n, x.device, dtype)
+
         # the rotary tables of `_ace_step_rotary_freqs`, with positions derived from the tokens so
         # an ONNX trace keeps them dynamic in T (a Python int length would be baked in)
         positions = torch.ones_like(hidden[0, :, 0], dtype=torch.float32).cumsum(0) - 1.0
@@ -206,12 +252,6 @@ class AceStepAdapter(nn.Module):
             m.head_dim, positions, theta=m.rope_theta, use_real=True, repeat_interleave_real=False
         )
         rotary = (cos.to(dtype), sin.to(dtype))
-        key_mask = None
-        if frame_mask is not None:
-            # a patch is real when its first frame is
-            key_mask = frame_mask.to(torch.bool)[:, ::p][:, :n]
-        band, full = self._self_masks(key_mask, n, x.device, dtype)
-
         for layer_type, layer in zip(m.layer_types, m.layers):
             hidden = layer(
                 hidden_states=hidden,
@@ -242,6 +282,8 @@ def _rotary_for_export(x, freqs_cis, use_real=True, use_real_unbind_dim=-1, sequ
 
 
 _ace_apply_rotary_emb = _ace.apply_rotary_emb
+#: set while an ONNX export traces the adapter: the exported graph is the reference forward's
+_EXPORTING = [False]
 
 
 def build_ace_step(
@@ -250,11 +292,13 @@ def build_ace_step(
     seed: int = 0,
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    fused: bool | None = None,
     **overrides,
 ) -> AceStepAdapter:
     """An :class:`AceStepAdapter` over an ``AceStepTransformer1DModel`` with seeded random weights.
 
     The weights are drawn on ``device`` (fast at the published size, reproducible per device type).
+    ``fused`` as :class:`AceStepAdapter`'s (default: the fused kernels on CUDA).
 
     Example:
         >>> adapter = build_ace_step("tiny", seed=0)
@@ -266,7 +310,7 @@ def build_ace_step(
     transformer = seeded_model(
         AceStepTransformer1DModel, kwargs, seed=seed, device=device, dtype=dtype
     )
-    return AceStepAdapter(transformer, seed=seed).eval()
+    return AceStepAdapter(transformer, seed=seed, fused=fused).eval()
 
 
 @torch.no_grad()

@@ -1,0 +1,199 @@
+"""ACE-Step 1.5's DiT forward on the package's fused ops: the same arithmetic as diffusers'
+``AceStepTransformerBlock`` stack (the adapter's reference forward), with the non-GEMM work of
+each block in three kinds of kernels and the projections batched into fewer, larger GEMMs.
+
+Per block, against diffusers' forward:
+
+* the query, key and value projections are one GEMM against their stacked weights, and the gate
+  and up projections of the MLP another (the modules' weights become views of the stacked
+  tensors, so the model holds each weight once and the reference forward still runs);
+* the per-head RMS norms of queries and keys and the rotary embedding run in place on the QKV
+  GEMM's output (:func:`~stream_dit.ops.qk_norm_rotary.qk_norm_rotary_`);
+* each gated residual add runs with the next sublayer's RMS norm and AdaLN modulation in one pass
+  (:func:`~stream_dit.ops.adaln_norm.adaln_rms_norm`): three launches per block, the last one
+  already the next block's (or the output's) norm;
+* the SwiGLU gate is one pass over the gate/up GEMM's output (:func:`~stream_dit.ops.swiglu`);
+* the AdaLN tables of every block are added to the timestep projection in one op, the rotary
+  tables are kept per sequence length, and the patchify convolution and its transpose run as
+  GEMMs over contiguous patches.
+
+* attention is one flash-attention kernel per sublayer (:func:`~stream_dit.ops.attention`)
+  that reads queries, keys and values in place from the fused projections, takes padding as a
+  ``(B, N)`` key mask and skips the key blocks outside the sliding window: no dense
+  ``(B, 1, N, N)`` mask is built, and a padded batch runs as fast as a full one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops.adaln_norm import adaln_rms_norm, rms_norm_modulate
+from ..ops.attention import attention
+from ..ops.qk_norm_rotary import qk_norm_rotary_, rotary_tables
+from ..ops.swiglu import swiglu
+
+
+@dataclass
+class _BlockWeights:
+    qkv: torch.Tensor  # (H·d + 2·Hkv·d, D): to_q, to_k, to_v stacked
+    qkv_bias: torch.Tensor | None
+    cross_kv: torch.Tensor  # (2·Hkv·d, D): the cross attention's to_k, to_v stacked
+    cross_kv_bias: torch.Tensor | None
+    gate_up: torch.Tensor  # (2·I, D): the MLP's gate and up projections stacked
+
+
+def _stack_into_views(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One tensor holding the linears' weights stacked along outputs; each linear's weight (and
+    bias) becomes a view of it, so the memory is held once."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    biases = [lin.bias for lin in linears]
+    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+    start = 0
+    for lin in linears:
+        rows = lin.weight.shape[0]
+        lin.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
+        if bias is not None:
+            lin.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
+        start += rows
+    return weight, bias
+
+
+class FusedAceStep:
+    """The prepared weights and per-length tables of one ``AceStepTransformer1DModel``, and its
+    fused forward (:meth:`blocks`). Built by the adapter on first use; :meth:`stale` tells when
+    the model's weights moved (a ``.to()``) and it must be built again."""
+
+    def __init__(self, transformer: nn.Module) -> None:
+        m = transformer
+        self.transformer = m
+        self.blocks_weights: list[_BlockWeights] = []
+        self._stacks: list[tuple[torch.Tensor, list[nn.Linear]]] = []  # (stacked, its views)
+        for layer in m.layers:
+            sa, ca, mlp = layer.self_attn, layer.cross_attn, layer.mlp
+            groups = ([sa.to_q, sa.to_k, sa.to_v], [ca.to_k, ca.to_v],
+                      [mlp.gate_proj, mlp.up_proj])  # fmt: skip
+            (qkv, qkv_b), (kv, kv_b), (gu, _) = (_stack_into_views(g) for g in groups)
+            self._stacks += [(qkv, groups[0]), (kv, groups[1]), (gu, groups[2])]
+            self.blocks_weights.append(_BlockWeights(qkv, qkv_b, kv, kv_b, gu))
+        # a .to(), a checkpoint loaded into new tensors or a reassignment moves a weight off its
+        # view; a load in place keeps it (the stacked tensor sees the new values)
+        self._pointers = self._weight_pointers()
+        self._rotary: dict = {}
+
+    def _weight_pointers(self) -> tuple[int, ...]:
+        return tuple(lin.weight.data_ptr() for _, group in self._stacks for lin in group)
+
+    def stale(self) -> bool:
+        """Whether the model's weights are no longer the views this build made."""
+        return self._weight_pointers() != self._pointers
+
+    def rotary(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 ``(cos, sin)`` tables for ``n`` tokens, kept per length."""
+        key = (n, device)
+        if key not in self._rotary:
+            m = self.transformer
+            if len(self._rotary) > 16:
+                self._rotary.pop(next(iter(self._rotary)))
+            self._rotary[key] = rotary_tables(n, m.head_dim, m.rope_theta, device)
+        return self._rotary[key]
+
+    def patchify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``proj_in_conv`` over ``(B, T, C_in)`` frames (T a multiple of the patch) as one GEMM
+        over contiguous patches: ``(B, T/p, D)``. The small input is reordered to the
+        convolution weight's ``(C_in, p)`` order, so the weight is used as it is held."""
+        conv = self.transformer.proj_in_conv
+        b, frames, c = hidden.shape
+        p = conv.stride[0]
+        patches = hidden.reshape(b, frames // p, p, c).transpose(2, 3).reshape(b, frames // p, -1)
+        return F.linear(patches, conv.weight.view(conv.out_channels, -1), conv.bias)
+
+    def unpatchify(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``proj_out_conv`` (transposed, stride = kernel = p) as one GEMM against its weight
+        ``(D, C_out·p)``: ``(B, N·p, C_out)`` float32."""
+        conv = self.transformer.proj_out_conv
+        b, n, _ = hidden.shape
+        p = conv.stride[0]
+        out = hidden @ conv.weight.view(conv.in_channels, -1)  # (B, N, C_out·p), c·p + j
+        out = out.view(b, n, -1, p).transpose(2, 3).float()
+        if conv.bias is not None:
+            out = out + conv.bias.float()
+        return out.reshape(b, n * p, -1)
+
+    def blocks(
+        self,
+        hidden: torch.Tensor,
+        timestep_proj: torch.Tensor,
+        temb: torch.Tensor,
+        encoder: torch.Tensor,
+        key_mask: torch.Tensor | None,
+        encoder_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """Every block and the output norm: ``(B, N, D)`` tokens in (``key_mask`` ``(B, N)``
+        bool marks the real ones, ``None``: all), the output norm's modulated ``(B, N, D)`` out
+        (ready for :meth:`unpatchify`). ``encoder`` ``(B, L, D)`` with ``encoder_mask`` ``(B, L)``
+        bool are the embedded conditioning tokens."""
+        m = self.transformer
+        n = hidden.shape[1]
+        layers = m.layers
+        first = layers[0].self_attn
+        heads, kv_heads, d = first.heads, first.kv_heads, first.head_dim
+        cos, sin = self.rotary(n, hidden.device)
+        # (B, L, 6, D): shift, scale, gate of self-attention, then of the MLP, per block
+        tables = torch.cat([layer.scale_shift_table for layer in layers])
+        mods = tables + timestep_proj[:, None]
+        out_shift, out_scale = (m.scale_shift_table + temb.unsqueeze(1)).unbind(1)
+        normed = rms_norm_modulate(
+            hidden, layers[0].self_attn_norm.weight, scale=mods[:, 0, 1], shift=mods[:, 0, 0],
+            eps=layers[0].self_attn_norm.eps,
+        )  # fmt: skip
+        for i, (layer, w) in enumerate(zip(layers, self.blocks_weights)):
+            sa, ca = layer.self_attn, layer.cross_attn
+            qkv = F.linear(normed, w.qkv, w.qkv_bias)
+            qk_norm_rotary_(qkv, sa.norm_q.weight, sa.norm_k.weight, cos, sin, q_heads=heads,
+                            k_heads=kv_heads, eps=sa.norm_q.eps)  # fmt: skip
+            q, k, v = _heads(qkv, (heads, kv_heads, kv_heads), d)
+            window = -1 if sa.sliding_window is None else int(sa.sliding_window)
+            attn = attention(q, k, v, key_mask, scale=sa.scaling, window=window)
+            attn = sa.to_out[0](attn.flatten(2))
+            hidden, normed = adaln_rms_norm(
+                hidden,
+                layer.cross_attn_norm.weight,
+                attn,
+                gate=mods[:, i, 2],
+                eps=layer.cross_attn_norm.eps,
+            )
+
+            cq = F.linear(normed, ca.to_q.weight, ca.to_q.bias)
+            qk_norm_rotary_(cq, ca.norm_q.weight, ca.norm_q.weight, q_heads=heads, k_heads=0,
+                            eps=ca.norm_q.eps)  # fmt: skip
+            kv = F.linear(encoder, w.cross_kv, w.cross_kv_bias)
+            qk_norm_rotary_(kv, ca.norm_k.weight, ca.norm_k.weight, q_heads=0, k_heads=kv_heads,
+                            eps=ca.norm_k.eps)  # fmt: skip
+            (cq,) = _heads(cq, (heads,), d)
+            ck, cv = _heads(kv, (kv_heads, kv_heads), d)
+            attn = attention(cq, ck, cv, encoder_mask, scale=ca.scaling)
+            attn = ca.to_out[0](attn.flatten(2))
+            hidden, normed = adaln_rms_norm(hidden, layer.mlp_norm.weight, attn,
+                                            scale=mods[:, i, 4], shift=mods[:, i, 3],
+                                            eps=layer.mlp_norm.eps)  # fmt: skip
+
+            ff = layer.mlp.down_proj(swiglu(F.linear(normed, w.gate_up)))
+            if i + 1 < len(layers):
+                nxt = layers[i + 1].self_attn_norm
+                scale, shift = mods[:, i + 1, 1], mods[:, i + 1, 0]
+            else:
+                nxt, scale, shift = m.norm_out, out_scale, out_shift
+            hidden, normed = adaln_rms_norm(hidden, nxt.weight, ff, gate=mods[:, i, 5],
+                                            scale=scale, shift=shift, eps=nxt.eps)  # fmt: skip
+        return normed
+
+
+def _heads(x: torch.Tensor, counts: tuple[int, ...], d: int) -> list[torch.Tensor]:
+    """``(B, N, H·d)`` views of a fused projection's columns as ``(B, N, H, d)`` per part."""
+    return [
+        part.unflatten(-1, (c, d)) for part, c in zip(x.split([c * d for c in counts], -1), counts)
+    ]

@@ -1,0 +1,75 @@
+"""``attention``'s declaration: from it ``triton_dispatch`` derives the custom op
+``stream_dit::attention`` with its fake, the eager plan cache, the reference route and the checks
+of the call. Inference only."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from triton_dispatch.declaration import Call, OpDeclaration, SettingSpec, TensorSpec
+
+from .reference import attention_reference
+
+FLOATS = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check(call: Call) -> None:
+    """Shapes and layouts the specs of single tensors cannot compare."""
+    q, k, v, mask = call["q"], call["k"], call["v"], call["key_mask"]
+    b, _, heads, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have one shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != b or k.shape[3] != d:
+        raise ValueError(f"k must be (B={b}, M, Hkv, d={d}), got {tuple(k.shape)}")
+    if k.shape[2] < 1 or heads % k.shape[2]:
+        raise ValueError(f"the query heads ({heads}) must be a multiple of the key/value heads "
+                         f"({k.shape[2]})")  # fmt: skip
+    if d < 16 or d > 256 or d & (d - 1):
+        raise ValueError(f"head_dim must be a power of two in [16, 256], got {d}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    for name in ("q", "k", "v"):
+        if call[name].stride(3) != 1:
+            raise ValueError(f"{name} must have unit stride along head_dim, got strides "
+                             f"{call[name].stride()}")  # fmt: skip
+    if mask is not None and tuple(mask.shape) != (b, k.shape[1]):
+        raise ValueError(f"key_mask must be ({b}, {k.shape[1]}) (B, M), got {tuple(mask.shape)}")
+
+
+def _plan(call: Call):
+    if call["q"].numel() == 0 or call["k"].shape[1] == 0:
+        return None  # nothing to attend: the reference's zeros
+    from .kernels import attention_plan  # Triton is imported once a kernel is planned
+
+    return attention_plan(call)
+
+
+def _heads(name: str) -> TensorSpec:
+    return TensorSpec(name, FLOATS, "(B, N, H, d)", fits=lambda s: len(s) == 4,
+                      differentiable=False)  # fmt: skip
+
+
+ATTENTION = OpDeclaration(
+    "stream_dit::attention",
+    inputs=[
+        _heads("q"),
+        _heads("k"),
+        _heads("v"),
+        TensorSpec("key_mask", (torch.bool,), "(B, M)", fits=lambda s: len(s) == 2,
+                   optional=True, differentiable=False),
+    ],
+    settings=[
+        SettingSpec("scale", float, 1.0, valid=lambda s: math.isfinite(s) and s > 0,
+                    expected="a finite float > 0"),
+        SettingSpec("window", int, -1, valid=lambda w: w >= -1,
+                    expected="an int >= 0, or -1 for no window"),
+    ],
+    check=_check,
+    outputs=("out",),
+    returns=("out",),
+    reference=attention_reference,
+    plan=_plan,
+    fake=lambda q, k, v, key_mask, **settings: q.new_empty(q.shape),
+)  # fmt: skip

@@ -1,0 +1,223 @@
+"""The fused transformer-block ops (AdaLN norm, QK norm + rotary, SwiGLU, banded attention)
+against their float64 references under the interpreter, their checks, and their GPU launches
+compiled for sm_90."""
+
+import pytest
+import torch
+
+from stream_dit.ops.adaln_norm import (
+    adaln_rms_norm,
+    adaln_rms_norm_reference,
+    rms_norm_modulate,
+)
+from stream_dit.ops.attention import attention, attention_reference
+from stream_dit.ops.qk_norm_rotary import qk_norm_rotary_, qk_norm_rotary_reference_, rotary_tables
+from stream_dit.ops.swiglu import swiglu, swiglu_reference
+from triton_dispatch.compile_check import compile_recorded, recorded_launches, unavailable_reason
+from triton_dispatch.declaration import Call
+from triton_dispatch.testing import assert_close
+
+DTYPES = [torch.float32, torch.float16]
+
+
+def _f64(*tensors):
+    return [None if t is None else t.double().cpu() for t in tensors]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("modulated", [True, False])
+def test_adaln_rms_norm_matches_float64(rng, device, dtype, gated, modulated):
+    b, n, width = 3, 7, 40  # width not a power of two: masked columns
+    x, delta = (torch.randn(b, n, width, generator=rng).to(device, dtype) for _ in range(2))
+    weight = torch.randn(width, generator=rng).to(device, dtype)
+    mod = torch.randn(b, 6, width, generator=rng).to(device, dtype)  # row-strided views
+    gate = mod[:, 2] if gated else None
+    scale, shift = (mod[:, 1], mod[:, 0]) if modulated else (None, None)
+    residual, normed = adaln_rms_norm(x, weight, delta, gate=gate, scale=scale, shift=shift)
+    ref_res, ref_norm = adaln_rms_norm_reference(*_f64(x, weight, delta, gate, scale, shift))
+    assert_close(residual, ref_res, dtype=dtype, name="residual")
+    assert_close(normed, ref_norm, dtype=dtype, name="normed")
+    alone = rms_norm_modulate(x, weight, scale=scale, shift=shift)
+    assert_close(alone, adaln_rms_norm_reference(*_f64(x, weight), None, None,
+                                                 *_f64(scale, shift))[1], dtype=dtype)  # fmt: skip
+
+
+def test_adaln_rms_norm_checks_its_arguments(rng):
+    x = torch.randn(2, 3, 8, generator=rng)
+    w = torch.ones(8)
+    with pytest.raises(ValueError, match=r"weight must have shape \(8,\)"):
+        adaln_rms_norm(x, torch.ones(4), x)
+    with pytest.raises(ValueError, match="scale and shift go together"):
+        rms_norm_modulate(x, w, scale=torch.ones(2, 8))
+    with pytest.raises(ValueError, match=r"gate must have shape \(2, 8\)"):
+        adaln_rms_norm(x, w, x, gate=torch.ones(3, 8))
+    with pytest.raises(ValueError, match="delta must match x"):
+        adaln_rms_norm(x, w, x.half())
+    with pytest.raises(ValueError, match="x must have shape"):
+        rms_norm_modulate(x[0], w)
+    with pytest.raises(ValueError, match="unit stride"):
+        rms_norm_modulate(x, w, scale=torch.ones(8, 2).t(), shift=torch.ones(2, 8))
+    with pytest.raises(TypeError, match="eps"):
+        rms_norm_modulate(x, w, eps="1e-6")
+
+
+def test_block_ops_take_empty_batches(device):
+    x = torch.empty(0, 5, 8, device=device)
+    w = torch.ones(8, device=device)
+    residual, normed = adaln_rms_norm(x, w, x)
+    assert residual.shape == normed.shape == (0, 5, 8)
+    assert swiglu(torch.empty(0, 6, device=device)).shape == (0, 3)
+    q = torch.empty(0, 4, 2, 16, device=device)
+    assert attention(q, q, q, scale=0.25).shape == (0, 4, 2, 16)
+    assert qk_norm_rotary_(torch.empty(0, 3, 32, device=device), w.new_ones(16), w.new_ones(16),
+                           q_heads=1, k_heads=1).shape == (0, 3, 32)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [(4, 2, True), (3, 0, False), (0, 2, False)])
+def test_qk_norm_rotary_matches_float64_and_leaves_values(rng, device, dtype, heads):
+    q_heads, k_heads, rotary = heads
+    b, n, d = 2, 9, 16
+    width = (q_heads + 2 * max(k_heads, 1)) * d
+    x = torch.randn(b, n, width, generator=rng).to(device, dtype)
+    wq, wk = (torch.randn(d, generator=rng).to(device, dtype) for _ in range(2))
+    cos, sin = rotary_tables(n + 3, d, 1e4, device) if rotary else (None, None)  # longer tables
+    out = qk_norm_rotary_(x.clone(), wq, wk, cos, sin, q_heads=q_heads, k_heads=k_heads)
+    ref = x.double().cpu()
+    qk_norm_rotary_reference_(ref, *_f64(wq, wk, cos, sin), q_heads=q_heads, k_heads=k_heads)
+    assert_close(out, ref, dtype=dtype)
+    done = (q_heads + k_heads) * d
+    assert torch.equal(out[..., done:], x[..., done:])  # values untouched, bit for bit
+
+
+def test_rotary_tables_are_diffusers_tables():
+    from diffusers.models.embeddings import get_1d_rotary_pos_embed
+
+    cos, sin = rotary_tables(11, 16, 1e6, "cpu")
+    ref_cos, ref_sin = get_1d_rotary_pos_embed(16, torch.arange(11.0), theta=1e6, use_real=True,
+                                               repeat_interleave_real=False)  # fmt: skip
+    torch.testing.assert_close(cos, ref_cos.float())
+    torch.testing.assert_close(sin, ref_sin.float())
+
+
+def test_qk_norm_rotary_checks_its_arguments(rng):
+    x = torch.randn(1, 4, 64, generator=rng)
+    w = torch.ones(16)
+    with pytest.raises(ValueError, match="do not fit"):
+        qk_norm_rotary_(x, w, w, q_heads=4, k_heads=1)
+    with pytest.raises(ValueError, match="power of two"):
+        qk_norm_rotary_(x, torch.ones(12), torch.ones(12), q_heads=1, k_heads=1)
+    with pytest.raises(ValueError, match="one size"):
+        qk_norm_rotary_(x, w, torch.ones(8), q_heads=1, k_heads=1)
+    cos, sin = rotary_tables(3, 16, 1e4, "cpu")
+    with pytest.raises(ValueError, match=r"cos must have shape \(>= 4, 16\)"):
+        qk_norm_rotary_(x, w, w, cos, sin, q_heads=1, k_heads=1)
+    with pytest.raises(ValueError, match="q_heads"):
+        qk_norm_rotary_(x, w, w, q_heads=-1, k_heads=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_matches_float64(rng, device, dtype):
+    x = torch.randn(3, 5, 2 * 37, generator=rng).to(device, dtype) * 3
+    assert_close(swiglu(x), swiglu_reference(x.double().cpu()), dtype=dtype)
+    with pytest.raises(ValueError, match="gate_up must have shape"):
+        swiglu(x[..., :-1].contiguous())
+    with pytest.raises(ValueError, match="contiguous"):
+        swiglu(x.transpose(0, 1))
+
+
+def _qkv(rng, b, n, m, heads, kv_heads, d, device, dtype):
+    """q read from a fused projection (row-strided), k and v from another, as the model does."""
+    q = torch.randn(b, n, heads * d + 8, generator=rng)[..., : heads * d]
+    kv = torch.randn(b, m, 2 * kv_heads * d, generator=rng)
+    k, v = kv.split(kv_heads * d, -1)
+    return [t.to(device, dtype).unflatten(-1, (-1, d)) for t in (q, k, v)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [-1, 0, 5, 40])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_matches_float64(rng, device, dtype, window, masked):
+    b, n, heads, kv_heads, d = 2, 37, 4, 2, 16
+    q, k, v = _qkv(rng, b, n, n, heads, kv_heads, d, device, dtype)
+    mask = None
+    if masked:  # a padded row and a strided mask (every second frame of a frame mask)
+        frames = torch.rand(b, 2 * n, generator=rng) > 0.3
+        frames[0, 2 * 25 :] = False
+        mask = frames.to(device)[:, ::2]
+    out = attention(q, k, v, mask, scale=0.3, window=window)
+    ref = attention_reference(*_f64(q, k, v), None if mask is None else mask.cpu(), scale=0.3,
+                              window=window)  # fmt: skip
+    assert out.is_contiguous() and out.shape == q.shape
+    assert_close(out, ref, dtype=dtype)
+
+
+def test_attention_cross_shape_and_queries_with_no_key(rng, device):
+    """Few keys (cross-attention to conditioning tokens); a row with no key gets zeros."""
+    q, k, v = _qkv(rng, 3, 21, 5, 4, 1, 16, device, torch.float32)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    out = attention(q, k, v, mask.to(device), scale=0.25)
+    ref = attention_reference(*_f64(q, k, v), mask, scale=0.25)
+    assert_close(out, ref, dtype=torch.float32)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+def test_attention_checks_its_arguments(rng):
+    q, k, v = _qkv(rng, 2, 8, 8, 4, 2, 16, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+        attention(q[:, :, :3], k, v, scale=1.0)
+    with pytest.raises(ValueError, match=r"key_mask must be \(2, 8\)"):
+        attention(q, k, v, torch.ones(2, 7, dtype=torch.bool), scale=1.0)
+    with pytest.raises(TypeError, match="key_mask must be bool"):
+        attention(q, k, v, torch.ones(2, 8), scale=1.0)
+    with pytest.raises(ValueError, match="unit stride along head_dim"):
+        attention(torch.randn(2, 8, 16, 4).transpose(2, 3), k, v, scale=1.0)
+    with pytest.raises(ValueError, match="window"):
+        attention(q, k, v, scale=1.0, window=-2)
+    with pytest.raises(ValueError, match="scale"):
+        attention(q, k, v, scale=float("nan"))
+    with pytest.raises(TypeError, match="share a dtype"):
+        attention(q, k.half(), v.half(), scale=1.0)
+
+
+@pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+def test_gpu_launches_compile_for_sm90(rng):
+    """The launches CUDA plans bind (GPU blocks, bf16, the published ACE-Step head size) compile
+    for an sm_90 GPU."""
+    from stream_dit.ops.adaln_norm.kernels import adaln_rms_norm_plan
+    from stream_dit.ops.attention.kernels import attention_plan
+    from stream_dit.ops.qk_norm_rotary.kernels import qk_norm_rotary_plan
+    from stream_dit.ops.swiglu.kernels import swiglu_plan
+
+    bf = torch.bfloat16
+    x = torch.randn(2, 6, 2048).to(bf)
+    w = torch.ones(2048, dtype=bf)
+    mod = torch.randn(2, 6, 2048).to(bf)
+    qkv = torch.randn(2, 6, 4096).to(bf)
+    q, k, v = (p.unflatten(-1, (-1, 128)) for p in qkv.split([2048, 1024, 1024], -1))
+    cos, sin = rotary_tables(6, 128, 1e6, "cpu")
+    hw = torch.ones(128, dtype=bf)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    with recorded_launches() as calls:
+        for tensors, settings in (
+            (dict(x=x, weight=w, delta=x, gate=mod[:, 2], scale=mod[:, 1], shift=mod[:, 0]),
+             dict(eps=1e-6)),
+            (dict(x=x, weight=w, scale=None, shift=None), dict(eps=1e-6)),
+        ):  # fmt: skip
+            adaln_rms_norm_plan(Call(tensors, settings, x.device, "triton")).forward(
+                *tensors.values()
+            )
+        t = dict(x=qkv, weight_q=hw, weight_k=hw, cos=cos, sin=sin)
+        s = dict(q_heads=16, k_heads=8, eps=1e-6)
+        qk_norm_rotary_plan(Call(t, s, x.device, "triton")).forward(*t.values())
+        t = dict(gate_up=torch.randn(2, 6, 2 * 6144).to(bf))
+        swiglu_plan(Call(t, {}, x.device, "triton")).forward(*t.values())
+        for window, key_mask in ((128, mask), (-1, None)):
+            t = dict(q=q, k=k, v=v, key_mask=key_mask)
+            s = dict(scale=128**-0.5, window=window)
+            attention_plan(Call(t, s, x.device, "triton")).forward(*t.values())
+    names = sorted({name for _, name, _ in calls})
+    assert names == ["_adaln_rms_norm_kernel", "_attention_kernel", "_qk_norm_rotary_kernel",
+                     "_swiglu_kernel"]  # fmt: skip
+    assert compile_recorded(calls) == []

@@ -1,0 +1,281 @@
+"""ACE-Step 1.5's DiT forward (= one tick at depth ``rows``) on a CUDA card: the fused path against
+diffusers' blocks, eager and in CUDA graphs, with achieved TFLOP/s against the card's measured
+dense bf16 GEMM rate, the kernel-category rollup, parity, and the first call in a fresh process.
+
+    python3 tools/gpu/dit_forward.py --out dit_forward.json [--rows 8,16] [--frames 1500]
+
+Runs on the GPU machine with the packages' ``src`` folders on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+for src in ("shared/triton-dispatch/src", "packages/stream-dit/src"):
+    sys.path.insert(0, str(ROOT / src))
+
+
+def gemm_rate() -> float:
+    """The card's dense bf16 GEMM rate on a shape of this model (6000x2048 @ 2048x6144)."""
+    import triton.testing
+
+    a = torch.randn(6000, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, 6144, device="cuda", dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, rep=300)
+    return 2 * 6000 * 2048 * 6144 / ms / 1e9
+
+
+def linear_flops(adapter, inputs) -> float:
+    """FLOPs of every Linear and convolution of one reference forward (hooks count them)."""
+    from torch import nn
+
+    total = [0.0]
+
+    def hook(module, args, out):
+        if isinstance(module, nn.Linear):
+            total[0] += 2.0 * out.numel() * module.in_features
+        elif isinstance(module, nn.Conv1d):  # (C_out, C_in, k): C_in·k products per output
+            total[0] += 2.0 * out.numel() * module.weight.shape[1] * module.weight.shape[2]
+        else:  # ConvTranspose1d with kernel = stride: each output sums C_in products
+            total[0] += 2.0 * out.numel() * module.weight.shape[0]
+
+    handles = [
+        m.register_forward_hook(hook)
+        for m in adapter.modules()
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.ConvTranspose1d))
+    ]
+    fused = adapter.fused
+    adapter.fused = False
+    with torch.no_grad():
+        adapter(*inputs)
+    adapter.fused = fused
+    for h in handles:
+        h.remove()
+    return total[0]
+
+
+def make_inputs(rows, frames, cond_len, adapter, *, padded=False, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, frames, adapter.latent_channels, generator=gen).cuda()
+    t = torch.rand(rows, generator=gen).cuda()
+    states = torch.randn(rows, cond_len, adapter.cond_dim, generator=gen).cuda()
+    mask = torch.ones(rows, cond_len, dtype=torch.bool, device="cuda")
+    frame_mask = None
+    if padded:
+        mask[0, cond_len // 2 :] = False
+        mask[-1] = False
+        frame_mask = torch.ones(rows, frames, dtype=torch.bool, device="cuda")
+        frame_mask[0, frames * 2 // 3 :] = False
+    return x, t, states, mask, frame_mask
+
+
+def timed(fn, rep=400):
+    import triton.testing
+
+    ms = triton.testing.do_bench(fn, rep=rep)
+    torch.cuda.synchronize()
+    n = 10
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return ms, (time.perf_counter() - start) / n * 1e3
+
+
+def first_call(frames: int, rows: int, mode: str) -> dict:
+    """A fresh process with empty Triton and inductor caches: build, then the first forward."""
+    code = f"""
+import time, torch, sys
+sys.path[:0] = {[str(ROOT / "shared/triton-dispatch/src"), str(ROOT / "packages/stream-dit/src")]!r}
+from stream_dit.model import build_denoiser
+from stream_dit.engines import TorchEngine
+a = build_denoiser('ace-step', 'published', device='cuda', dtype=torch.bfloat16)
+e = TorchEngine(a, max_batch={rows}, max_frames={frames}, max_cond_len=64, mode={mode!r})
+x = torch.randn({rows}, {frames}, 64, device='cuda'); t = torch.rand({rows}, device='cuda')
+s = torch.randn({rows}, 64, a.cond_dim, device='cuda'); m = torch.ones({rows}, 64, dtype=torch.bool, device='cuda')
+torch.cuda.synchronize(); t0 = time.perf_counter(); e.forward(x, t, s, m); torch.cuda.synchronize()
+t1 = time.perf_counter(); e.forward(x, t, s, m); torch.cuda.synchronize(); t2 = time.perf_counter()
+print('FIRST', t1 - t0, t2 - t1)
+"""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TRITON_CACHE_DIR=cache + "/triton",
+                   TORCHINDUCTOR_CACHE_DIR=cache + "/inductor")  # fmt: skip
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                             timeout=400)  # fmt: skip
+    line = [ln for ln in res.stdout.splitlines() if ln.startswith("FIRST")]
+    if not line:
+        return {"mode": mode, "error": res.stderr[-2000:]}
+    _, first, second = line[0].split()
+    return {"mode": mode, "first_s": float(first), "second_s": float(second)}
+
+
+def attention_sweep() -> list:
+    """The attention kernel's launch configs against cuDNN's SDPA on one block's shapes."""
+    import math
+
+    import torch.nn.functional as F
+    import triton
+    import triton.testing
+
+    from stream_dit.ops.attention.kernels import _attention_kernel
+
+    rows = []
+    b, n, h, hk, d = 8, 750, 16, 8, 128
+    qkv = torch.randn(b, n, (h + 2 * hk) * d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (
+        p.unflatten(-1, (c, d)) for p, c in zip(qkv.split([h * d, hk * d, hk * d], -1), (h, hk, hk))
+    )
+    out = torch.empty(b, n, h, d, device="cuda", dtype=torch.bfloat16)
+    for window in (-1, 128):
+        idx = torch.arange(n, device="cuda")
+        band = None if window < 0 else ((idx[:, None] - idx[None, :]).abs() <= window)[None, None]
+        sdpa = triton.testing.do_bench(
+            lambda band=band: F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                attn_mask=band,
+                enable_gqa=True,
+            )
+        )
+        for bm, bn, warps, stages in (
+            (128, 64, 8, 3),
+            (128, 128, 8, 2),
+            (64, 64, 4, 3),
+            (128, 64, 4, 3),
+            (64, 128, 4, 2),
+        ):
+            grid = (triton.cdiv(n, bm), b * h)
+
+            def run(bm=bm, bn=bn, warps=warps, stages=stages, grid=grid, window=window):
+                _attention_kernel[grid](
+                    q,
+                    k,
+                    v,
+                    out,
+                    q,
+                    *q.stride()[:3],
+                    *k.stride()[:3],
+                    *v.stride()[:3],
+                    n * h * d,
+                    h * d,
+                    d,
+                    0,
+                    0,
+                    n,
+                    n,
+                    h,
+                    h // hk,
+                    d**-0.5 * math.log2(math.e),
+                    max(window, 0),
+                    HAS_MASK=False,
+                    WINDOWED=window >= 0,
+                    HEAD_DIM=d,
+                    BLOCK_M=bm,
+                    BLOCK_N=bn,
+                    PRECISION="tf32",
+                    num_warps=warps,
+                    num_stages=stages,
+                )
+
+            try:
+                ms = triton.testing.do_bench(run)
+            except Exception as exc:  # noqa: BLE001 - a config that does not fit
+                ms = float("nan")
+                print("config failed", bm, bn, warps, stages, str(exc)[:100])
+            rows.append(
+                {"window": window, "config": [bm, bn, warps, stages], "ms": ms, "sdpa_ms": sdpa}
+            )
+            print(
+                f"attention window={window} {bm}x{bn} w{warps} s{stages}: {ms:.3f} ms (cuDNN SDPA {sdpa:.3f})",
+                flush=True,
+            )
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "dit_forward.json"))
+    ap.add_argument("--rows", default="8,16")
+    ap.add_argument("--frames", type=int, default=1500)
+    ap.add_argument("--modes", default="eager,graphs")
+    ap.add_argument("--first-call", default="eager,graphs")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+
+    from stream_dit.engines import TorchEngine
+    from stream_dit.model import build_denoiser
+    from stream_dit.profiler import format_profile, profile_forward
+
+    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    import triton
+
+    result["triton"] = triton.__version__
+    rate = gemm_rate()
+    result["gemm_tflops"] = rate
+    print(f"GEMM rate {rate:.0f} TFLOP/s", flush=True)
+    result["attention_sweep"] = attention_sweep()
+    adapter = build_denoiser("ace-step", "published", device="cuda", dtype=torch.bfloat16)
+
+    # parity: fused against diffusers' blocks, padded rows included
+    parity = []
+    for rows, frames, padded in ((2, args.frames, False), (3, 500, True)):
+        inputs = make_inputs(rows, frames, 64, adapter, padded=padded, seed=1)
+        with torch.no_grad():
+            adapter.fused = True
+            fused = adapter(*inputs)
+            adapter.fused = False
+            ref = adapter(*inputs)
+            adapter.fused = None
+        err = ((fused - ref).norm() / ref.norm()).item()
+        parity.append({"rows": rows, "frames": frames, "padded": padded, "rel_err": err,
+                       "finite": bool(torch.isfinite(fused).all())})  # fmt: skip
+        print(f"parity rows={rows} frames={frames} padded={padded}: rel err {err:.2e}", flush=True)
+    result["parity"] = parity
+
+    records = []
+    for rows in [int(r) for r in args.rows.split(",")]:
+        inputs = make_inputs(rows, args.frames, 64, adapter)
+        flops = linear_flops(adapter, inputs)
+        for mode in args.modes.split(","):
+            for fused in (True, False):
+                adapter.fused = fused
+                engine = TorchEngine(adapter, max_batch=rows, max_frames=args.frames,
+                                     max_cond_len=64, mode=mode)  # fmt: skip
+                with torch.no_grad():
+                    ms, wall = timed(lambda e=engine, i=inputs: e.forward(*i[:4]))
+                rec = {"rows": rows, "frames": args.frames, "mode": mode, "fused": fused,
+                       "gpu_ms": ms, "wall_ms": wall, "linear_tflop": flops / 1e12,
+                       "tflops": flops / ms / 1e9, "of_gemm_rate": flops / ms / 1e9 / rate}  # fmt: skip
+                print(f"rows={rows} {mode:7s} fused={fused!s:5s} {ms:8.2f} ms (wall {wall:8.2f}) "
+                      f"{rec['tflops']:.0f} TFLOP/s {100 * rec['of_gemm_rate']:.0f}%", flush=True)  # fmt: skip
+                if args.profile and mode == "eager":
+                    prof = profile_forward(engine, rows, args.frames, 64, top=15)
+                    rec["profile"] = prof
+                    print("   " + format_profile(prof), flush=True)
+                    for e in prof["top"]:
+                        print(f"     {e['ms']:8.3f} {e['category']:10s} {e['name'][:90]}")
+                records.append(rec)
+                del engine
+                torch.cuda.empty_cache()
+        adapter.fused = None
+    result["records"] = records
+    result["first_call"] = [first_call(args.frames, 8, m) for m in args.first_call.split(",") if m]
+    for fc in result["first_call"]:
+        print("first call", fc, flush=True)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
