@@ -25,45 +25,6 @@ for src in ("shared/triton-dispatch/src", "packages/stream-dit/src"):
     sys.path.insert(0, str(ROOT / src))
 
 
-def gemm_rate() -> float:
-    """The card's dense bf16 GEMM rate on a shape of this model (6000x2048 @ 2048x6144)."""
-    import triton.testing
-
-    a = torch.randn(6000, 2048, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(2048, 6144, device="cuda", dtype=torch.bfloat16)
-    ms = triton.testing.do_bench(lambda: a @ b, rep=300)
-    return 2 * 6000 * 2048 * 6144 / ms / 1e9
-
-
-def linear_flops(adapter, inputs) -> float:
-    """FLOPs of every Linear and convolution of one reference forward (hooks count them)."""
-    from torch import nn
-
-    total = [0.0]
-
-    def hook(module, args, out):
-        if isinstance(module, nn.Linear):
-            total[0] += 2.0 * out.numel() * module.in_features
-        elif isinstance(module, nn.Conv1d):  # (C_out, C_in, k): C_in·k products per output
-            total[0] += 2.0 * out.numel() * module.weight.shape[1] * module.weight.shape[2]
-        else:  # ConvTranspose1d with kernel = stride: each output sums C_in products
-            total[0] += 2.0 * out.numel() * module.weight.shape[0]
-
-    handles = [
-        m.register_forward_hook(hook)
-        for m in adapter.modules()
-        if isinstance(m, (nn.Linear, nn.Conv1d, nn.ConvTranspose1d))
-    ]
-    fused = adapter.fused
-    adapter.fused = False
-    with torch.no_grad():
-        adapter(*inputs)
-    adapter.fused = fused
-    for h in handles:
-        h.remove()
-    return total[0]
-
-
 def make_inputs(rows, frames, cond_len, adapter, *, padded=False, seed=0):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, frames, adapter.latent_channels, generator=gen).cuda()
@@ -190,7 +151,7 @@ def attention_sweep() -> list:
 
             try:
                 ms = triton.testing.do_bench(run)
-            except Exception as exc:  # noqa: BLE001 - a config that does not fit
+            except Exception as exc:
                 ms = float("nan")
                 print("config failed", bm, bn, warps, stages, str(exc)[:100])
             rows.append(
@@ -200,6 +161,124 @@ def attention_sweep() -> list:
                 f"attention window={window} {bm}x{bn} w{warps} s{stages}: {ms:.3f} ms (cuDNN SDPA {sdpa:.3f})",
                 flush=True,
             )
+    return rows
+
+
+def pointwise_sweep() -> list:
+    """Launch configs of the norm and SwiGLU kernels on one block's shapes (8 x 750 tokens)."""
+    import triton
+    import triton.testing
+
+    from stream_dit.ops.adaln_norm.kernels import _adaln_rms_norm_kernel
+    from stream_dit.ops.qk_norm_rotary.kernels import _qk_norm_rotary_kernel
+    from stream_dit.ops.qk_norm_rotary.reference import rotary_tables
+    from stream_dit.ops.swiglu.kernels import _swiglu_kernel
+
+    rows = []
+    bf = torch.bfloat16
+    m, dim, inner = 6000, 2048, 6144
+    x, delta, res, out = (torch.randn(m, dim, device="cuda", dtype=bf) for _ in range(4))
+    w = torch.ones(dim, device="cuda", dtype=bf)
+    mod = torch.randn(8, 6, dim, device="cuda", dtype=bf)
+    for block_m in (1, 2, 4, 8):
+        for warps in (4, 8, 16):
+
+            def run(block_m=block_m, warps=warps):
+                _adaln_rms_norm_kernel[(triton.cdiv(m, block_m),)](
+                    x,
+                    delta,
+                    mod[:, 2],
+                    w,
+                    mod[:, 1],
+                    mod[:, 0],
+                    res,
+                    out,
+                    m,
+                    750,
+                    dim,
+                    6 * dim,
+                    6 * dim,
+                    6 * dim,
+                    1e-6,
+                    HAS_DELTA=True,
+                    HAS_GATE=True,
+                    HAS_MOD=True,
+                    BLOCK_M=block_m,
+                    BLOCK_D=2048,
+                    num_warps=warps,
+                )
+
+            ms = triton.testing.do_bench(run)
+            rows.append(
+                {
+                    "kernel": "adaln",
+                    "block_m": block_m,
+                    "warps": warps,
+                    "ms": ms,
+                    "gbps": 4 * m * dim * 2 / ms / 1e6,
+                }
+            )
+            print(
+                f"adaln block_m={block_m} warps={warps}: {ms:.4f} ms {rows[-1]['gbps']:.0f} GB/s",
+                flush=True,
+            )
+    gu = torch.randn(m, 2 * inner, device="cuda", dtype=bf)
+    act = torch.empty(m, inner, device="cuda", dtype=bf)
+    for bm, bn, warps in (
+        (4, 512, 4),
+        (8, 512, 8),
+        (1, 2048, 8),
+        (2, 1024, 4),
+        (16, 256, 8),
+        (4, 1024, 8),
+        (8, 1024, 8),
+    ):
+
+        def run(bm=bm, bn=bn, warps=warps):
+            _swiglu_kernel[(triton.cdiv(m, bm), triton.cdiv(inner, bn))](
+                gu, act, m, inner, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps
+            )
+
+        ms = triton.testing.do_bench(run)
+        rows.append(
+            {
+                "kernel": "swiglu",
+                "config": [bm, bn, warps],
+                "ms": ms,
+                "gbps": 3 * m * inner * 2 / ms / 1e6,
+            }
+        )
+        print(f"swiglu {bm}x{bn} w{warps}: {ms:.4f} ms {rows[-1]['gbps']:.0f} GB/s", flush=True)
+    qkv = torch.randn(m, 4096, device="cuda", dtype=bf)
+    hw = torch.ones(128, device="cuda", dtype=bf)
+    cos, sin = rotary_tables(750, 128, 1e6, "cuda")
+    for warps in (1, 2, 4, 8):
+
+        def run(warps=warps):
+            _qk_norm_rotary_kernel[(m,)](
+                qkv,
+                hw,
+                hw,
+                cos,
+                sin,
+                750,
+                4096,
+                16,
+                24,
+                1e-6,
+                HALF=64,
+                BLOCK_H=32,
+                ROTARY=True,
+                num_warps=warps,
+            )
+
+        ms = triton.testing.do_bench(run)
+        rows.append({"kernel": "qk", "warps": warps, "ms": ms, "gbps": 2 * m * 3072 * 2 / ms / 1e6})
+        print(f"qk warps={warps}: {ms:.4f} ms {rows[-1]['gbps']:.0f} GB/s", flush=True)
+    copy = torch.empty_like(gu)
+    ms = triton.testing.do_bench(lambda: copy.copy_(gu))
+    rows.append({"kernel": "copy", "ms": ms, "gbps": 2 * gu.numel() * 2 / ms / 1e6})
+    print(f"device copy {rows[-1]['gbps']:.0f} GB/s", flush=True)
     return rows
 
 
@@ -215,16 +294,17 @@ def main() -> None:
 
     from stream_dit.engines import TorchEngine
     from stream_dit.model import build_denoiser
-    from stream_dit.profiler import format_profile, profile_forward
+    from stream_dit.profiler import dense_gemm_rate, format_profile, linear_flops, profile_forward
 
     result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
 
     result["triton"] = triton.__version__
-    rate = gemm_rate()
+    rate = dense_gemm_rate("cuda")
     result["gemm_tflops"] = rate
     print(f"GEMM rate {rate:.0f} TFLOP/s", flush=True)
     result["attention_sweep"] = attention_sweep()
+    result["pointwise_sweep"] = pointwise_sweep()
     adapter = build_denoiser("ace-step", "published", device="cuda", dtype=torch.bfloat16)
 
     # parity: fused against diffusers' blocks, padded rows included
@@ -242,11 +322,30 @@ def main() -> None:
                        "finite": bool(torch.isfinite(fused).all())})  # fmt: skip
         print(f"parity rows={rows} frames={frames} padded={padded}: rel err {err:.2e}", flush=True)
     result["parity"] = parity
+    # against float32 (same seeded weights, no tf32): both bf16 paths' own error
+    exact_model = build_denoiser("ace-step", "published", device="cuda", dtype=torch.float32)
+    exact_model.fused = False
+    inputs = make_inputs(2, args.frames, 64, adapter, seed=1)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        exact = exact_model(*inputs)
+        adapter.fused = True
+        fused = adapter(*inputs)
+        adapter.fused = False
+        ref = adapter(*inputs)
+        adapter.fused = None
+    del exact_model
+    torch.cuda.empty_cache()
+    result["error_vs_fp32"] = {
+        "fused_bf16": ((fused - exact).norm() / exact.norm()).item(),
+        "diffusers_bf16": ((ref - exact).norm() / exact.norm()).item(),
+    }
+    print("relative error against float32:", result["error_vs_fp32"], flush=True)
 
     records = []
     for rows in [int(r) for r in args.rows.split(",")]:
         inputs = make_inputs(rows, args.frames, 64, adapter)
-        flops = linear_flops(adapter, inputs)
+        flops = linear_flops(adapter, *inputs)
         for mode in args.modes.split(","):
             for fused in (True, False):
                 adapter.fused = fused
@@ -259,7 +358,7 @@ def main() -> None:
                        "tflops": flops / ms / 1e9, "of_gemm_rate": flops / ms / 1e9 / rate}  # fmt: skip
                 print(f"rows={rows} {mode:7s} fused={fused!s:5s} {ms:8.2f} ms (wall {wall:8.2f}) "
                       f"{rec['tflops']:.0f} TFLOP/s {100 * rec['of_gemm_rate']:.0f}%", flush=True)  # fmt: skip
-                if args.profile and mode == "eager":
+                if args.profile and mode == "eager" and fused:
                     prof = profile_forward(engine, rows, args.frames, 64, top=15)
                     rec["profile"] = prof
                     print("   " + format_profile(prof), flush=True)

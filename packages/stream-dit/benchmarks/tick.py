@@ -2,10 +2,12 @@
 host-synced tick, for each model and engine variant asked for (on CPU: the tiny sizes, eager).
 
     python3 packages/stream-dit/benchmarks/tick.py --out tick.json [--quick]
-        [--models ace-step,dit] [--engines graphs,compile-graphs,compile,eager]
+        [--models ace-step,dit] [--engines graphs,compile-graphs,compile,eager] [--frames N]
 
 Defaults on CUDA: ``--models ace-step,dit`` (ACE-Step 1.5's diffusers transformer at its published
-size, the built-in DiT ``large``), ``--engines graphs``, bf16, 250 frames (10 s of audio), 8 steps.
+size, the built-in DiT ``large``), ``--engines graphs`` (what ``TorchEngine``'s default ``auto``
+mode runs on CUDA), bf16, 250 frames (10 s of audio; ``--frames 1500``: 60 s), 8 steps. The table's
+TFLOP/s is the Linear and convolution FLOPs of the tick's forward over the tick time.
 Records per (model, engine), ``ours_ms``/``baseline_ms`` being ms per finished latent for throughput
 cases and ms per tick for tick cases (``extra`` holds the raw figures and the targets):
   * throughput at depth 8 vs the naive loop through the same engine (target >= 4x),
@@ -27,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from stream_dit.benchmark import BenchConfig, format_result, run
 from stream_dit.engines.torch_engine import MODES
-from stream_dit.model import MODELS, default_preset
+from stream_dit.model import MODELS, build_denoiser, default_preset
+from stream_dit.profiler import linear_flops
 from triton_dispatch.bench import BenchRecord, benchmark_arguments, environment, report
 
 
@@ -39,13 +42,33 @@ def _list(value: str, allowed: tuple[str, ...], name: str) -> list[str]:
     return items
 
 
+_FLOPS: dict = {}
+
+
+def _forward_flops(model: str, preset: str, device, dtype, rows: int, frames: int, length: int):
+    """Linear and convolution FLOPs of one forward of ``rows`` rows (kept per shape)."""
+    key = (model, preset, rows, frames, length)
+    if key not in _FLOPS:
+        adapter = build_denoiser(model, preset, seed=0, device=device, dtype=dtype)
+        gen = torch.Generator().manual_seed(0)
+        inputs = (
+            torch.randn(rows, frames, adapter.latent_channels, generator=gen).to(device),
+            torch.rand(rows, generator=gen).to(device),
+            torch.randn(rows, length, adapter.cond_dim, generator=gen).to(device),
+            torch.ones(rows, length, dtype=torch.bool, device=device),
+        )
+        _FLOPS[key] = linear_flops(adapter, *inputs)
+        del adapter
+    return _FLOPS[key]
+
+
 def _variant(args, model: str, engine: str, device: torch.device, env: dict) -> tuple[list, dict]:
     on_gpu = device.type == "cuda"
     preset = default_preset(model, device)
     ticks, warmup = (60, 15) if args.quick else (150, 25)
     if not on_gpu:
         ticks, warmup = 4, 1
-    frames = 250 if on_gpu else 12
+    frames = args.frames or (250 if on_gpu else 12)
     common = dict(
         model=model,
         preset=preset,
@@ -63,14 +86,22 @@ def _variant(args, model: str, engine: str, device: torch.device, env: dict) -> 
     records, row = [], {"model": f"{model}/{preset}", "engine": engine}
     start = time.perf_counter()
 
+    dtype = torch.bfloat16 if on_gpu else torch.float32
+
+    def tflops(rows: int, tick_ms: float) -> float:
+        flops = _forward_flops(model, preset, device, dtype, rows, frames, common["cond_len"])
+        return flops / tick_ms / 1e9
+
     res = run(BenchConfig(depth=8, cfg=False, **common))
     print(format_result(res), flush=True)
     s, nv = res["session"], res["naive"]
+    res["tick_tflops"] = tflops(s["rows_per_tick"], s["tick_ms"])
     row.update(
         tick_ms=s["tick_ms"],
         latents_per_s=s["latents_per_s"],
         realtime=s["audio_x_realtime"],
         vs_naive=res["speedup_vs_naive"],
+        tflops=res["tick_tflops"],
     )
     records.append(
         BenchRecord(
@@ -103,6 +134,7 @@ def _variant(args, model: str, engine: str, device: torch.device, env: dict) -> 
         print(format_result(res), flush=True)
         s, hs = res["session"], res["host_synced"]
         ratio = res["tick_speedup_vs_host_synced"]
+        res["tick_tflops"] = tflops(s["rows_per_tick"], s["tick_ms"])
         if depth == 8:
             row.update(cfg_tick_ms=s["tick_ms"], cfg_vs_two_pass=ratio)
         records.append(
@@ -122,16 +154,17 @@ def _variant(args, model: str, engine: str, device: torch.device, env: dict) -> 
 
 def _table(rows: list[dict]) -> str:
     head = (
-        "| model | engine | ms/tick d8 | latents/s | x realtime | d8 vs naive (>=4x) "
+        "| model | engine | ms/tick d8 | TFLOP/s | latents/s | x realtime | d8 vs naive (>=4x) "
         "| CFG ms/tick d8 | fused CFG vs two-pass d8 (>=1.5x) | wall s |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['engine']} | failed: {r['error']} |||||||")
+            lines.append(f"| {r['model']} | {r['engine']} | failed: {r['error']} ||||||||")
             continue
         lines.append(
-            f"| {r['model']} | {r['engine']} | {r['tick_ms']:.2f} | {r['latents_per_s']:.1f} "
+            f"| {r['model']} | {r['engine']} | {r['tick_ms']:.2f} | {r['tflops']:.0f} "
+            f"| {r['latents_per_s']:.1f} "
             f"| {r['realtime']:.0f} | {r['vs_naive']:.2f}x | {r.get('cfg_tick_ms', float('nan')):.2f} "
             f"| {r.get('cfg_vs_two_pass', float('nan')):.2f}x | {r['wall_s']:.0f} |"
         )
@@ -142,6 +175,7 @@ def main() -> None:
     parser = benchmark_arguments(__doc__.splitlines()[0])
     parser.add_argument("--models", default=None, help=f"comma list of {MODELS}")
     parser.add_argument("--engines", default=None, help=f"comma list of {MODES}")
+    parser.add_argument("--frames", type=int, default=None, help="latent frames per request")
     args = parser.parse_args()
     device = torch.device(args.device)
     on_gpu = device.type == "cuda"

@@ -153,12 +153,15 @@ def test_attention_matches_float64(rng, device, dtype, window, masked):
     assert_close(out, ref, dtype=dtype)
 
 
-def test_attention_cross_shape_and_queries_with_no_key(rng, device):
-    """Few keys (cross-attention to conditioning tokens); a row with no key gets zeros."""
+@pytest.mark.parametrize("q_norm", [False, True])
+def test_attention_cross_shape_and_queries_with_no_key(rng, device, q_norm):
+    """Few keys (cross-attention to conditioning tokens), the query norm folded in or not; a
+    row with no key gets zeros."""
     q, k, v = _qkv(rng, 3, 21, 5, 4, 1, 16, device, torch.float32)
     mask = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
-    out = attention(q, k, v, mask.to(device), scale=0.25)
-    ref = attention_reference(*_f64(q, k, v), mask, scale=0.25)
+    qw = torch.randn(16, generator=rng).to(device) if q_norm else None
+    out = attention(q, k, v, mask.to(device), scale=0.25, q_weight=qw, eps=1e-5)
+    ref = attention_reference(*_f64(q, k, v), mask, *_f64(qw), scale=0.25, eps=1e-5)
     assert_close(out, ref, dtype=torch.float32)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
@@ -175,6 +178,8 @@ def test_attention_checks_its_arguments(rng):
         attention(torch.randn(2, 8, 16, 4).transpose(2, 3), k, v, scale=1.0)
     with pytest.raises(ValueError, match="window"):
         attention(q, k, v, scale=1.0, window=-2)
+    with pytest.raises(ValueError, match=r"q_weight must have shape \(16,\)"):
+        attention(q, k, v, scale=1.0, q_weight=torch.ones(8))
     with pytest.raises(ValueError, match="scale"):
         attention(q, k, v, scale=float("nan"))
     with pytest.raises(TypeError, match="share a dtype"):
@@ -213,9 +218,9 @@ def test_gpu_launches_compile_for_sm90(rng):
         qk_norm_rotary_plan(Call(t, s, x.device, "triton")).forward(*t.values())
         t = dict(gate_up=torch.randn(2, 6, 2 * 6144).to(bf))
         swiglu_plan(Call(t, {}, x.device, "triton")).forward(*t.values())
-        for window, key_mask in ((128, mask), (-1, None)):
-            t = dict(q=q, k=k, v=v, key_mask=key_mask)
-            s = dict(scale=128**-0.5, window=window)
+        for window, key_mask, q_weight in ((128, mask, None), (-1, mask, hw)):
+            t = dict(q=q, k=k, v=v, key_mask=key_mask, q_weight=q_weight)
+            s = dict(scale=128**-0.5, window=window, eps=1e-6)
             attention_plan(Call(t, s, x.device, "triton")).forward(*t.values())
     names = sorted({name for _, name, _ in calls})
     assert names == ["_adaln_rms_norm_kernel", "_attention_kernel", "_qk_norm_rotary_kernel",

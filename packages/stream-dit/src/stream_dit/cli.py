@@ -254,7 +254,12 @@ def main(argv: list[str] | None = None) -> int:
         "--max-connections", type=int, default=1024, help="open connections before uvicorn's 503"
     )
     s.add_argument("--log-level", default="info")
-    s.add_argument("--engine-mode", choices=MODES, default="eager")
+    s.add_argument(
+        "--engine-mode",
+        choices=("auto", *MODES),
+        default="auto",
+        help="auto: CUDA graphs on a CUDA device, eager elsewhere",
+    )
     s.add_argument("--device", default=_device_default())
     s.add_argument("--dtype", default=None)
     s.add_argument(

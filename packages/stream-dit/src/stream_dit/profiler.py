@@ -23,7 +23,7 @@ _RULES = (
     (
         "pointwise",
         re.compile(
-            r"elementwise|vectorized|add|mul|gelu|silu|copy|cat|fill|exp|sin|cos|div|sub|where|index|reduce|sum|mean|unrolled|pad|clone|contiguous|to_copy|tanh",
+            r"elementwise|vectorized|add|mul|gelu|silu|glu|rotary|copy|cat|fill|exp|sin|cos|div|sub|where|index|reduce|sum|mean|unrolled|pad|clone|contiguous|to_copy|tanh",
             re.I,
         ),
     ),
@@ -87,6 +87,52 @@ def profile_forward(
         "fractions": {k: (v / total if total else 0.0) for k, v in totals.items()},
         "top": [{"ms": ms, "name": name[:120], "category": cat} for ms, name, cat in entries[:top]],
     }
+
+
+def linear_flops(adapter: torch.nn.Module, *inputs) -> float:
+    """FLOPs of every ``Linear`` and patch convolution (kernel = stride) of one forward of
+    ``adapter`` on ``inputs``, counted by hooks on the modules (the reference forward runs
+    them as modules; an adapter with a ``fused`` switch runs its reference blocks for the
+    count). Attention's FLOPs are not included."""
+    from torch import nn
+
+    total = [0.0]
+
+    def hook(module, args, out) -> None:
+        if isinstance(module, nn.Linear):
+            per_output = module.in_features
+        elif isinstance(module, nn.Conv1d):  # (C_out, C_in, k): C_in·k products an output
+            per_output = module.weight.shape[1] * module.weight.shape[2]
+        else:  # ConvTranspose1d, kernel = stride: C_in products an output
+            per_output = module.weight.shape[0]
+        total[0] += 2.0 * out.numel() * per_output
+
+    kinds = (nn.Linear, nn.Conv1d, nn.ConvTranspose1d)
+    handles = [m.register_forward_hook(hook) for m in adapter.modules() if isinstance(m, kinds)]
+    switch = hasattr(adapter, "fused")
+    fused = getattr(adapter, "fused", None)
+    try:
+        if switch:
+            adapter.fused = False
+        with torch.no_grad():
+            adapter(*inputs)
+    finally:
+        if switch:
+            adapter.fused = fused
+        for h in handles:
+            h.remove()
+    return total[0]
+
+
+def dense_gemm_rate(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> float:
+    """The card's measured dense GEMM rate in TFLOP/s (``do_bench`` median of a 6000x2048 @
+    2048x6144 product, the shape of a DiT's MLP at 8 rows of 750 tokens)."""
+    import triton.testing
+
+    a = torch.randn(6000, 2048, device=device, dtype=dtype)
+    b = torch.randn(2048, 6144, device=device, dtype=dtype)
+    ms = triton.testing.do_bench(lambda: a @ b, rep=300)
+    return 2 * 6000 * 2048 * 6144 / ms / 1e9
 
 
 def format_profile(result: dict) -> str:

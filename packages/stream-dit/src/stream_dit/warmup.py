@@ -27,7 +27,6 @@ import torch
 from triton_dispatch.warmup import WarmupReport, run_warmup
 
 from .engines.base import Engine
-from .engines.torch_engine import TorchEngine
 from .ops.guided_euler import guided_euler_
 from .session import StreamSession
 
@@ -85,11 +84,6 @@ def _split(target) -> tuple[StreamSession | None, Engine]:
     raise TypeError(f"warmup takes a StreamSession or an Engine, got {type(target).__name__}")
 
 
-def _mask_changes_the_call(engine: Engine) -> bool:
-    # CUDA-graph engines copy a present or absent frame mask into the same captured graph
-    return not (isinstance(engine, TorchEngine) and engine.mode in ("graphs", "compile-graphs"))
-
-
 def forward_shapes(
     target: StreamSession | Engine,
     *,
@@ -111,15 +105,11 @@ def forward_shapes(
     lengths = _ints("cond_lens", cond_lens, [engine.max_cond_len], 0, engine.max_cond_len)
     bucket = getattr(engine, "batch_bucket", None)
     batches = sorted({bucket(r) if bucket is not None else r for r in row_counts})
-    traced = _mask_changes_the_call(engine)
     out: set[tuple[int, int, int, bool]] = set()
     for f in frame_counts:
         padded = engine.frames_bucket(f)
         for n in sorted({engine.cond_bucket(length) for length in lengths}):
-            for b in batches:
-                if not traced:
-                    out.add((b, padded, n, padded > f))
-                    continue
+            for b in batches:  # a mask changes the call (CUDA-graph engines capture both)
                 if padded > f:  # every row shorter than the bucket: always a mask
                     out.add((b, padded, n, True))
                     continue

@@ -25,7 +25,7 @@ from .engine import AUDIO_FORMAT, DecoderEngine
 from .windows import Stitcher, WindowPlan, plan_windows
 
 if TYPE_CHECKING:
-    from ..session import Handle
+    from ..handle import Handle
 
 __all__ = ["AudioDecoder"]
 

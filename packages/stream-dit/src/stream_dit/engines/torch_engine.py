@@ -11,8 +11,16 @@ from triton_dispatch import next_power_of_2
 from ..model.adapter import DenoiserAdapter
 from .base import round_up
 
-Mode = Literal["eager", "compile", "graphs", "compile-graphs"]
+Mode = Literal["auto", "eager", "compile", "graphs", "compile-graphs"]
 MODES: tuple[str, ...] = ("eager", "compile", "graphs", "compile-graphs")
+
+
+def resolve_mode(mode: str, device: torch.device) -> str:
+    """``"auto"``: CUDA graphs on a CUDA device (a forward of many small kernels is bound by
+    host launches when eager), eager elsewhere; any other mode is itself."""
+    if mode == "auto":
+        return "graphs" if device.type == "cuda" else "eager"
+    return mode
 
 
 class TorchEngine:
@@ -22,9 +30,12 @@ class TorchEngine:
         adapter: the denoiser (an ``nn.Module`` in eval mode, on ``device``).
         max_batch: the batch ceiling reported to the session.
         max_frames, max_cond_len: the largest T and L accepted.
-        mode: ``"eager"``; ``"compile"`` (``torch.compile`` of the adapter; shapes are bucketed to
-            bound recompiles); ``"graphs"`` (one CUDA graph per (batch bucket, T bucket, L bucket),
-            captured on first use; the output buffer is reused by the next replay);
+        mode: ``"auto"`` (default: ``"graphs"`` on CUDA, ``"eager"`` elsewhere); ``"eager"``;
+            ``"compile"`` (``torch.compile`` of the adapter; shapes are bucketed to
+            bound recompiles); ``"graphs"`` (one CUDA graph per (batch bucket, T bucket, L bucket,
+            frame mask or none), captured on first use; the output buffer is reused by the next
+            replay; a batch whose rows all fill the T bucket replays a graph without the mask,
+            so the model can take its unmasked path);
             ``"compile-graphs"`` (the ``torch.compile``d adapter captured in those graphs: fused
             pointwise kernels and no launch overhead).
         frame_multiple, cond_multiple: bucket granularity of T and L in compile/graph modes.
@@ -37,13 +48,13 @@ class TorchEngine:
         max_batch: int = 16,
         max_frames: int = 750,
         max_cond_len: int = 128,
-        mode: Mode = "eager",
+        mode: Mode = "auto",
         device: torch.device | str | None = None,
         frame_multiple: int = 32,
         cond_multiple: int = 16,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if mode not in ("auto", *MODES):
+            raise ValueError(f"mode must be one of {('auto', *MODES)}, got {mode!r}")
         for name, value in (
             ("max_batch", max_batch),
             ("max_frames", max_frames),
@@ -56,6 +67,7 @@ class TorchEngine:
                 next(adapter.parameters()).device if isinstance(adapter, torch.nn.Module) else "cpu"
             )
         self.device = torch.device(device)
+        mode = resolve_mode(mode, self.device)
         self._graphed = mode in ("graphs", "compile-graphs")
         if self._graphed and self.device.type != "cuda":
             raise ValueError(f"mode={mode!r} needs a CUDA device")
@@ -72,9 +84,12 @@ class TorchEngine:
         self._frame_multiple = frame_multiple
         self._cond_multiple = cond_multiple
         compiled = mode in ("compile", "compile-graphs")
+        prepare = getattr(adapter, "prepare", None)
+        if callable(prepare):  # an adapter's one-time setup, kept out of traced code
+            prepare()
         self._fn = torch.compile(adapter, dynamic=False) if compiled else adapter
         self._graphs: dict[
-            tuple[int, int, int], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]
+            tuple[int, int, int, bool], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]
         ] = {}
         self._pool = None
 
@@ -90,7 +105,8 @@ class TorchEngine:
 
     @property
     def captured_graphs(self) -> int:
-        """CUDA graphs captured so far (one per (batch bucket, T, L) key; 0 outside graph modes)."""
+        """CUDA graphs captured so far (one per (batch bucket, T, L, masked) key; 0 outside graph
+        modes)."""
         return len(self._graphs)
 
     def batch_bucket(self, batch: int) -> int:
@@ -137,29 +153,30 @@ class TorchEngine:
             context = torch.cat([context, context.new_zeros(pad, *context.shape[1:])])
         return self._fn(x, t, states, states_mask, frame_mask, context)[:b]
 
-    def _static_inputs(self, bb: int, frames: int, length: int, x, states) -> dict:
+    def _static_inputs(self, bb: int, frames: int, length: int, masked: bool, x, states) -> dict:
         dev = self.device
         inputs = {
             "x": torch.zeros(bb, frames, x.shape[2], device=dev, dtype=x.dtype),
             "t": torch.ones(bb, device=dev, dtype=torch.float32),
             "states": torch.zeros(bb, length, states.shape[2], device=dev, dtype=states.dtype),
             "states_mask": torch.zeros(bb, length, device=dev, dtype=torch.bool),
-            "frame_mask": torch.ones(bb, frames, device=dev, dtype=torch.bool),
+            "frame_mask": torch.ones(bb, frames, device=dev, dtype=torch.bool) if masked else None,
             "context": None,
         }
         if self.context_channels:
             inputs["context"] = torch.zeros(bb, frames, self.context_channels, device=dev)
         return inputs
 
-    def capture(self, batch: int, frames: int, length: int) -> None:
-        """Capture (once) the graph of a (batch bucket, T, L) key; later calls replay it."""
+    def capture(self, batch: int, frames: int, length: int, masked: bool = True) -> None:
+        """Capture (once) the graph of a (batch bucket, T, L, masked) key; later calls replay it.
+        ``masked``: the calls pass a frame mask (rows shorter than T)."""
         bb = self.batch_bucket(batch)
-        key = (bb, frames, length)
+        key = (bb, frames, length, masked)
         if key in self._graphs:
             return
         probe_x = torch.empty(0, 0, self.latent_channels, device=self.device)
         probe_s = torch.empty(0, 0, self.cond_dim, device=self.device)
-        inputs = self._static_inputs(bb, frames, length, probe_x, probe_s)
+        inputs = self._static_inputs(bb, frames, length, masked, probe_x, probe_s)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -177,17 +194,16 @@ class TorchEngine:
         b, frames = x.shape[:2]
         length = states.shape[1]
         bb = self.batch_bucket(b)
-        key = (bb, frames, length)
+        masked = frame_mask is not None
+        key = (bb, frames, length, masked)
         if key not in self._graphs:
-            self.capture(b, frames, length)
+            self.capture(b, frames, length, masked)
         graph, inputs, out = self._graphs[key]
         inputs["x"][:b].copy_(x)
         inputs["t"][:b].copy_(t)
         inputs["states"][:b].copy_(states)
         inputs["states_mask"][:b].copy_(states_mask)
-        if frame_mask is None:
-            inputs["frame_mask"][:b].fill_(True)
-        else:
+        if masked:
             inputs["frame_mask"][:b].copy_(frame_mask)
         if inputs["context"] is not None:
             if context is None:

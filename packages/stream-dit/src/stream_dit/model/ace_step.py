@@ -133,18 +133,19 @@ class AceStepAdapter(nn.Module):
             requires_grad=False,
         )
         self._fused_model: FusedAceStep | None = None
-        if self._fused_enabled(param.device):
-            self.prepare()
+        self.prepare()
 
     def _fused_enabled(self, device: torch.device) -> bool:
         if _EXPORTING[0]:
             return False
         return self.fused if self.fused is not None else device.type == "cuda"
 
-    def prepare(self) -> FusedAceStep:
+    def prepare(self) -> FusedAceStep | None:
         """Build the fused path's prepared weights now (stacked projections), or again after the
         model moved (``.to()``); the first forward does it otherwise. Engines call it before
-        compiling or capturing."""
+        compiling. ``None`` (nothing built) where the fused path is off for the model's device."""
+        if not self._fused_enabled(self.null_condition.device):
+            return None
         if self._fused_model is None or self._fused_model.stale():
             self._fused_model = FusedAceStep(self.transformer)
         return self._fused_model

@@ -8,7 +8,8 @@ Per block, against diffusers' forward:
   and up projections of the MLP another (the modules' weights become views of the stacked
   tensors, so the model holds each weight once and the reference forward still runs);
 * the per-head RMS norms of queries and keys and the rotary embedding run in place on the QKV
-  GEMM's output (:func:`~stream_dit.ops.qk_norm_rotary.qk_norm_rotary_`);
+  GEMM's output (:func:`~stream_dit.ops.qk_norm_rotary.qk_norm_rotary_`); the cross-attention's
+  query norm runs inside the attention kernel, as it loads the queries;
 * each gated residual add runs with the next sublayer's RMS norm and AdaLN modulation in one pass
   (:func:`~stream_dit.ops.adaln_norm.adaln_rms_norm`): three launches per block, the last one
   already the next block's (or the output's) norm;
@@ -168,14 +169,13 @@ class FusedAceStep:
             )
 
             cq = F.linear(normed, ca.to_q.weight, ca.to_q.bias)
-            qk_norm_rotary_(cq, ca.norm_q.weight, ca.norm_q.weight, q_heads=heads, k_heads=0,
-                            eps=ca.norm_q.eps)  # fmt: skip
             kv = F.linear(encoder, w.cross_kv, w.cross_kv_bias)
             qk_norm_rotary_(kv, ca.norm_k.weight, ca.norm_k.weight, q_heads=0, k_heads=kv_heads,
                             eps=ca.norm_k.eps)  # fmt: skip
             (cq,) = _heads(cq, (heads,), d)
             ck, cv = _heads(kv, (kv_heads, kv_heads), d)
-            attn = attention(cq, ck, cv, encoder_mask, scale=ca.scaling)
+            attn = attention(cq, ck, cv, encoder_mask, scale=ca.scaling,
+                             q_weight=ca.norm_q.weight, eps=ca.norm_q.eps)  # fmt: skip
             attn = ca.to_out[0](attn.flatten(2))
             hidden, normed = adaln_rms_norm(hidden, layer.mlp_norm.weight, attn,
                                             scale=mods[:, i, 4], shift=mods[:, i, 3],

@@ -18,6 +18,8 @@ def attention(
     *,
     scale: float,
     window: int = -1,
+    q_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
     backend: str | None = None,
 ) -> torch.Tensor:
     """``softmax(scale·q·kᵀ)·v`` over the keys each query may attend, ``(B, N, H, d)``
@@ -31,6 +33,8 @@ def attention(
         scale: the score scale (``d**-0.5`` usually).
         window: ``>= 0``: query ``i`` attends keys ``j`` with ``|i − j| <= window`` only; ``-1``:
             no window.
+        q_weight, eps: optional ``(d,)`` weight of an RMS norm applied to each query head as it
+            is loaded (QK-norm attention without a separate pass over the queries).
         backend: see :func:`triton_dispatch.select_backend`.
 
     A query with no key to attend gets zeros (never NaN).
@@ -38,7 +42,8 @@ def attention(
     Raises:
         ValueError / TypeError: naming the argument, for bad shapes, dtypes or layouts.
     """
-    return ATTENTION(q, k, v, key_mask, scale=scale, window=window, backend=backend)
+    return ATTENTION(q, k, v, key_mask, q_weight, scale=scale, window=window, eps=eps,
+                     backend=backend)  # fmt: skip
 
 
 __all__ = ["attention", "attention_reference"]

@@ -9,6 +9,7 @@ import math
 from types import SimpleNamespace
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -18,10 +19,10 @@ from triton_dispatch.launch import KernelLaunch
 
 @triton.jit
 def _attention_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, qw_ptr,
     sq_b, sq_n, sq_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h, so_b, so_n, so_h, sm_b, sm_n,
-    n_q, n_k, heads, group, scale_log2e, window,
-    HAS_MASK: tl.constexpr, WINDOWED: tl.constexpr, HEAD_DIM: tl.constexpr,
+    n_q, n_k, heads, group, scale_log2e, window, eps,
+    HAS_MASK: tl.constexpr, Q_NORM: tl.constexpr, WINDOWED: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
@@ -33,6 +34,11 @@ def _attention_kernel(
     offs_d = tl.arange(0, HEAD_DIM)
     q_rows = q_ptr + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :]
     q = tl.load(q_rows, mask=(offs_m < n_q)[:, None], other=0.0)
+    if Q_NORM:  # the query's RMS norm, folded into its one load
+        qf = q.to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(qf * qf, axis=1) / HEAD_DIM + eps)
+        w = tl.load(qw_ptr + offs_d).to(tl.float32)
+        q = (qf * inv[:, None] * w[None, :]).to(q.dtype)
     k_base = k_ptr + b * sk_b + hk * sk_h
     v_base = v_ptr + b * sv_b + hk * sv_h
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
@@ -72,8 +78,39 @@ def _attention_kernel(
     tl.store(o_rows, out.to(q.dtype), mask=(offs_m < n_q)[:, None])
 
 
+def _uses_cudnn(call: Call) -> bool:
+    """Whether PyTorch's fused attention (cuDNN on Hopper) runs the call: a full window over
+    every key, half precision, on a CUDA device. It beats this kernel there (H200, ACE-Step's
+    published shapes: 0.077 against 0.110 ms); with a window or a key mask it needs a dense mask
+    and loses (0.136 against 0.063 ms windowed)."""
+    q = call["q"]
+    return (
+        call.backend == "triton"
+        and call["key_mask"] is None
+        and call["q_weight"] is None
+        and call["window"] < 0
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and q.shape[3] <= 128
+    )
+
+
+def _cudnn_forward(call: Call):
+    scale, gqa = call["scale"], call["q"].shape[2] != call["k"].shape[2]
+
+    def forward(q, k, v, key_mask, q_weight):
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=scale, enable_gqa=gqa
+        )
+        return out.transpose(1, 2).contiguous()  # (B, N, H, d): a no-op for its layout
+
+    return forward
+
+
 def attention_plan(call: Call) -> SimpleNamespace:
-    """The launch of a validated call, bound once per kind of call (strides, window, blocks)."""
+    """The launch of a validated call, bound once per kind of call (strides, window, blocks), or
+    PyTorch's fused attention where it is faster (:func:`_uses_cudnn`)."""
+    if _uses_cudnn(call):
+        return SimpleNamespace(forward=_cudnn_forward(call))
     q, k, v, mask = call["q"], call["k"], call["v"], call["key_mask"]
     b, n, heads, d = q.shape
     n_k, kv_heads = k.shape[1], k.shape[2]
@@ -100,17 +137,19 @@ def attention_plan(call: Call) -> SimpleNamespace:
             sm_b=0 if mask is None else mask.stride(0), sm_n=0 if mask is None else mask.stride(1),
             n_q=n, n_k=n_k, heads=heads, group=heads // kv_heads,
             scale_log2e=call["scale"] * math.log2(math.e), window=max(call["window"], 0),
-            HAS_MASK=mask is not None, WINDOWED=call["window"] >= 0, HEAD_DIM=d,
+            eps=call["eps"], HAS_MASK=mask is not None, Q_NORM=call["q_weight"] is not None, WINDOWED=call["window"] >= 0, HEAD_DIM=d,
             BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision,
         ),
         device=call.device,
         options={"num_warps": warps, "num_stages": stages},
     )  # fmt: skip
 
-    def forward(q, k, v, key_mask):
+    def forward(q, k, v, key_mask, q_weight):
         out = q.new_empty(q.shape)
-        # without a mask it is never read: q stands in
-        launch(q, k, v, out, q if key_mask is None else key_mask)
+        # absent operands are never read (their constexpr flags are off): q stands in
+        launch(
+            q, k, v, out, q if key_mask is None else key_mask, q if q_weight is None else q_weight
+        )
         return out
 
     return SimpleNamespace(forward=forward)

@@ -36,6 +36,9 @@ def _check(call: Call) -> None:
                              f"{call[name].stride()}")  # fmt: skip
     if mask is not None and tuple(mask.shape) != (b, k.shape[1]):
         raise ValueError(f"key_mask must be ({b}, {k.shape[1]}) (B, M), got {tuple(mask.shape)}")
+    qw = call["q_weight"]
+    if qw is not None and tuple(qw.shape) != (d,):
+        raise ValueError(f"q_weight must have shape ({d},) (head_dim), got {tuple(qw.shape)}")
 
 
 def _plan(call: Call):
@@ -59,17 +62,20 @@ ATTENTION = OpDeclaration(
         _heads("v"),
         TensorSpec("key_mask", (torch.bool,), "(B, M)", fits=lambda s: len(s) == 2,
                    optional=True, differentiable=False),
+        TensorSpec("q_weight", FLOATS, "(head_dim,)", fits=lambda s: len(s) == 1,
+                   contiguous=True, optional=True, differentiable=False),
     ],
     settings=[
         SettingSpec("scale", float, 1.0, valid=lambda s: math.isfinite(s) and s > 0,
                     expected="a finite float > 0"),
         SettingSpec("window", int, -1, valid=lambda w: w >= -1,
                     expected="an int >= 0, or -1 for no window"),
+        SettingSpec("eps", float, 1e-6, valid=lambda e: e > 0, expected="a float > 0"),
     ],
     check=_check,
     outputs=("out",),
     returns=("out",),
     reference=attention_reference,
     plan=_plan,
-    fake=lambda q, k, v, key_mask, **settings: q.new_empty(q.shape),
+    fake=lambda q, k, v, key_mask, q_weight, **settings: q.new_empty(q.shape),
 )  # fmt: skip

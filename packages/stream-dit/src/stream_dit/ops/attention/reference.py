@@ -11,19 +11,27 @@ def attention_reference(
     k: torch.Tensor,
     v: torch.Tensor,
     key_mask: torch.Tensor | None = None,
+    q_weight: torch.Tensor | None = None,
     *,
     scale: float,
     window: int = -1,
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """``softmax(scale·q·kᵀ + mask)·v`` per head, ``(B, N, H, d)``.
 
     ``q`` is ``(B, N, H, d)``, ``k`` and ``v`` ``(B, M, Hkv, d)`` with ``H`` a multiple of
     ``Hkv`` (query head ``h`` reads key/value head ``h // (H / Hkv)``). Query ``i`` attends key
     ``j`` when ``key_mask[b, j]`` is true (all keys without a mask) and, for ``window >= 0``,
-    ``|i − j| <= window``. A query with no key to attend gets zeros. Computed in float32 (float64
+    ``|i − j| <= window``. A query with no key to attend gets zeros. With ``q_weight`` ``(d,)``
+    each query head is first RMS-normalised and scaled by it (``q·w/sqrt(mean(q²) + eps)``,
+    rounded to ``q``'s dtype: the query norm of QK-norm attention). Computed in float32 (float64
     for float64 inputs), rounded once to ``q``'s dtype.
     """
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if q_weight is not None:
+        qn = q.to(work)
+        qn = qn * torch.rsqrt(qn.square().mean(-1, keepdim=True) + eps) * q_weight.to(work)
+        q = qn.to(q.dtype)
     group = q.shape[2] // k.shape[2]
     qf = q.to(work).transpose(1, 2)  # (B, H, N, d)
     kf = k.to(work).transpose(1, 2).repeat_interleave(group, dim=1)
