@@ -81,7 +81,8 @@ print('FIRST', t1 - t0, t2 - t1)
 
 
 def attention_sweep() -> list:
-    """The attention kernel's launch configs against cuDNN's SDPA on one block's shapes."""
+    """The attention kernel's launch configs against cuDNN's SDPA on one block's shapes: the
+    self-attention (full and windowed) and the cross-attention to 64 conditioning tokens."""
     import math
 
     import torch.nn.functional as F
@@ -96,50 +97,80 @@ def attention_sweep() -> list:
     q, k, v = (
         p.unflatten(-1, (c, d)) for p, c in zip(qkv.split([h * d, hk * d, hk * d], -1), (h, hk, hk))
     )
+    kv = torch.randn(b, 64, 2 * hk * d, device="cuda", dtype=torch.bfloat16)
+    ck, cv = (p.unflatten(-1, (hk, d)) for p in kv.split(hk * d, -1))
+    cq = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
+    mask = torch.ones(b, 64, dtype=torch.bool, device="cuda")
+    qw = torch.ones(d, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(b, n, h, d, device="cuda", dtype=torch.bfloat16)
-    for window in (-1, 128):
-        idx = torch.arange(n, device="cuda")
+    cases = (
+        ("full", q, k, v, -1, None, None),
+        ("window128", q, k, v, 128, None, None),
+        ("cross", cq, ck, cv, -1, mask, qw),
+    )
+    for label, qq, kk, vv, window, km, weight in cases:
+        idx = torch.arange(kk.shape[1], device="cuda")
         band = None if window < 0 else ((idx[:, None] - idx[None, :]).abs() <= window)[None, None]
+        if km is not None:
+            band = km[:, None, None, :]
         sdpa = triton.testing.do_bench(
-            lambda band=band: F.scaled_dot_product_attention(
-                q.transpose(1, 2),
-                k.transpose(1, 2),
-                v.transpose(1, 2),
+            lambda qq=qq, kk=kk, vv=vv, band=band: F.scaled_dot_product_attention(
+                qq.transpose(1, 2),
+                kk.transpose(1, 2),
+                vv.transpose(1, 2),
                 attn_mask=band,
                 enable_gqa=True,
             )
         )
         for bm, bn, warps, stages in (
-            (128, 64, 8, 3),
-            (128, 128, 8, 2),
             (64, 64, 4, 3),
-            (128, 64, 4, 3),
-            (64, 128, 4, 2),
+            (128, 64, 8, 3),
+            (64, 64, 4, 2),
+            (64, 64, 4, 1),
+            (128, 64, 4, 2),
+            (64, 32, 4, 2),
         ):
             grid = (triton.cdiv(n, bm), b * h)
 
-            def run(bm=bm, bn=bn, warps=warps, stages=stages, grid=grid, window=window):
+            def run(
+                bm=bm,
+                bn=bn,
+                warps=warps,
+                stages=stages,
+                grid=grid,
+                window=window,
+                qq=qq,
+                kk=kk,
+                vv=vv,
+                km=km,
+                weight=weight,
+            ):
                 _attention_kernel[grid](
-                    q,
-                    k,
-                    v,
+                    qq,
+                    kk,
+                    vv,
                     out,
-                    q,
-                    *q.stride()[:3],
-                    *k.stride()[:3],
-                    *v.stride()[:3],
+                    qq if km is None else km,
+                    qq if weight is None else weight,
+                    qq if weight is None else weight,
+                    *qq.stride()[:3],
+                    *kk.stride()[:3],
+                    *vv.stride()[:3],
                     n * h * d,
                     h * d,
                     d,
-                    0,
-                    0,
+                    0 if km is None else km.stride(0),
+                    0 if km is None else 1,
                     n,
-                    n,
+                    kk.shape[1],
                     h,
                     h // hk,
                     d**-0.5 * math.log2(math.e),
                     max(window, 0),
-                    HAS_MASK=False,
+                    1e-6,
+                    HAS_MASK=km is not None,
+                    Q_NORM=weight is not None,
+                    K_NORM=weight is not None,
                     WINDOWED=window >= 0,
                     HEAD_DIM=d,
                     BLOCK_M=bm,
@@ -153,12 +184,12 @@ def attention_sweep() -> list:
                 ms = triton.testing.do_bench(run)
             except Exception as exc:
                 ms = float("nan")
-                print("config failed", bm, bn, warps, stages, str(exc)[:100])
+                print("config failed", bm, bn, warps, stages, str(exc)[:200])
             rows.append(
-                {"window": window, "config": [bm, bn, warps, stages], "ms": ms, "sdpa_ms": sdpa}
+                {"case": label, "config": [bm, bn, warps, stages], "ms": ms, "sdpa_ms": sdpa}
             )
             print(
-                f"attention window={window} {bm}x{bn} w{warps} s{stages}: {ms:.3f} ms (cuDNN SDPA {sdpa:.3f})",
+                f"attention {label} {bm}x{bn} w{warps} s{stages}: {ms:.4f} ms (SDPA {sdpa:.4f})",
                 flush=True,
             )
     return rows
@@ -181,47 +212,49 @@ def pointwise_sweep() -> list:
     w = torch.ones(dim, device="cuda", dtype=bf)
     mod = torch.randn(8, 6, dim, device="cuda", dtype=bf)
     for block_m in (1, 2, 4, 8):
-        for warps in (4, 8, 16):
+        for warps in (4, 8):
+            for two in (False,):
 
-            def run(block_m=block_m, warps=warps):
-                _adaln_rms_norm_kernel[(triton.cdiv(m, block_m),)](
-                    x,
-                    delta,
-                    mod[:, 2],
-                    w,
-                    mod[:, 1],
-                    mod[:, 0],
-                    res,
-                    out,
-                    m,
-                    750,
-                    dim,
-                    6 * dim,
-                    6 * dim,
-                    6 * dim,
-                    1e-6,
-                    HAS_DELTA=True,
-                    HAS_GATE=True,
-                    HAS_MOD=True,
-                    BLOCK_M=block_m,
-                    BLOCK_D=2048,
-                    num_warps=warps,
+                def run(block_m=block_m, warps=warps, two=two):
+                    _adaln_rms_norm_kernel[(triton.cdiv(m, block_m),)](
+                        x,
+                        delta,
+                        mod[:, 2],
+                        w,
+                        mod[:, 1],
+                        mod[:, 0],
+                        res,
+                        out,
+                        m,
+                        750,
+                        dim,
+                        6 * dim,
+                        6 * dim,
+                        6 * dim,
+                        1e-6,
+                        HAS_DELTA=True,
+                        HAS_GATE=True,
+                        HAS_MOD=True,
+                        BLOCK_M=block_m,
+                        BLOCK_D=2048,
+                        num_warps=warps,
+                    )
+
+                ms = triton.testing.do_bench(run)
+                rows.append(
+                    {
+                        "kernel": "adaln",
+                        "block_m": block_m,
+                        "warps": warps,
+                        "two_batches": two,
+                        "ms": ms,
+                        "gbps": 4 * m * dim * 2 / ms / 1e6,
+                    }
                 )
-
-            ms = triton.testing.do_bench(run)
-            rows.append(
-                {
-                    "kernel": "adaln",
-                    "block_m": block_m,
-                    "warps": warps,
-                    "ms": ms,
-                    "gbps": 4 * m * dim * 2 / ms / 1e6,
-                }
-            )
-            print(
-                f"adaln block_m={block_m} warps={warps}: {ms:.4f} ms {rows[-1]['gbps']:.0f} GB/s",
-                flush=True,
-            )
+                print(
+                    f"adaln block_m={block_m} warps={warps} two={two}: {ms:.4f} ms {rows[-1]['gbps']:.0f} GB/s",
+                    flush=True,
+                )
     gu = torch.randn(m, 2 * inner, device="cuda", dtype=bf)
     act = torch.empty(m, inner, device="cuda", dtype=bf)
     for bm, bn, warps in (
@@ -290,6 +323,7 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--first-call", default="eager,graphs")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--sweeps", action="store_true", help="launch-config sweeps of the kernels")
     args = ap.parse_args()
 
     from stream_dit.engines import TorchEngine
@@ -303,8 +337,10 @@ def main() -> None:
     rate = dense_gemm_rate("cuda")
     result["gemm_tflops"] = rate
     print(f"GEMM rate {rate:.0f} TFLOP/s", flush=True)
-    result["attention_sweep"] = attention_sweep()
-    result["pointwise_sweep"] = pointwise_sweep()
+    if args.sweeps:
+        result["attention_sweep"] = attention_sweep()
+    if args.sweeps:
+        result["pointwise_sweep"] = pointwise_sweep()
     adapter = build_denoiser("ace-step", "published", device="cuda", dtype=torch.bfloat16)
 
     # parity: fused against diffusers' blocks, padded rows included
@@ -358,7 +394,7 @@ def main() -> None:
                        "tflops": flops / ms / 1e9, "of_gemm_rate": flops / ms / 1e9 / rate}  # fmt: skip
                 print(f"rows={rows} {mode:7s} fused={fused!s:5s} {ms:8.2f} ms (wall {wall:8.2f}) "
                       f"{rec['tflops']:.0f} TFLOP/s {100 * rec['of_gemm_rate']:.0f}%", flush=True)  # fmt: skip
-                if args.profile and mode == "eager" and fused:
+                if args.profile and fused:
                     prof = profile_forward(engine, rows, args.frames, 64, top=15)
                     rec["profile"] = prof
                     print("   " + format_profile(prof), flush=True)

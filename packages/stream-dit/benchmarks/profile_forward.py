@@ -6,7 +6,8 @@ time against its batch (how far batching rows is from free).
         [--model dit|ace-step|stable-audio] [--preset NAME] [--engine eager|compile|graphs|
         compile-graphs] [--rows 8,16] [--frames 1500] [--cond-len 64] [--reference]
 
-Defaults: the largest size of the model on CUDA (the tiny one on CPU), the default engine
+Defaults: ACE-Step (the built-in DiT without diffusers), the largest size of the model on CUDA
+(the tiny one on CPU), the default engine
 (eager, which runs the fused block kernels on CUDA), rows 8 and 16 at 1500 frames (60 s of
 ACE-Step audio: one depth-8 tick without and with CFG). ``--reference`` runs the model's
 reference blocks (``fused=False``) for comparison. ``ours_ms`` is the timed forward (``do_bench``
@@ -17,6 +18,7 @@ wall time per call, and the timed forward at 1..max rows.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -60,7 +62,8 @@ def _timed(engine: TorchEngine, rows: int, frames: int, cond_len: int) -> tuple[
 
 def main() -> None:
     parser = benchmark_arguments(__doc__.splitlines()[0])
-    parser.add_argument("--model", default="ace-step", choices=MODELS)
+    has_diffusers = importlib.util.find_spec("diffusers") is not None
+    parser.add_argument("--model", default="ace-step" if has_diffusers else "dit", choices=MODELS)
     parser.add_argument("--preset", default=None)
     parser.add_argument("--engine", default="eager", choices=MODES)
     parser.add_argument("--rows", default=None, help="comma list of batch rows to profile")

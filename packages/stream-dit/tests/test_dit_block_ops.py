@@ -153,15 +153,16 @@ def test_attention_matches_float64(rng, device, dtype, window, masked):
     assert_close(out, ref, dtype=dtype)
 
 
-@pytest.mark.parametrize("q_norm", [False, True])
-def test_attention_cross_shape_and_queries_with_no_key(rng, device, q_norm):
-    """Few keys (cross-attention to conditioning tokens), the query norm folded in or not; a
-    row with no key gets zeros."""
+@pytest.mark.parametrize("norms", ["none", "q", "qk"])
+def test_attention_cross_shape_and_queries_with_no_key(rng, device, norms):
+    """Few keys (cross-attention to conditioning tokens), the query and key norms folded in or
+    not; a row with no key gets zeros."""
     q, k, v = _qkv(rng, 3, 21, 5, 4, 1, 16, device, torch.float32)
     mask = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
-    qw = torch.randn(16, generator=rng).to(device) if q_norm else None
-    out = attention(q, k, v, mask.to(device), scale=0.25, q_weight=qw, eps=1e-5)
-    ref = attention_reference(*_f64(q, k, v), mask, *_f64(qw), scale=0.25, eps=1e-5)
+    qw = torch.randn(16, generator=rng).to(device) if "q" in norms else None
+    kw = torch.randn(16, generator=rng).to(device) if "k" in norms else None
+    out = attention(q, k, v, mask.to(device), scale=0.25, q_weight=qw, k_weight=kw, eps=1e-5)
+    ref = attention_reference(*_f64(q, k, v), mask, *_f64(qw, kw), scale=0.25, eps=1e-5)
     assert_close(out, ref, dtype=torch.float32)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
 
@@ -218,8 +219,8 @@ def test_gpu_launches_compile_for_sm90(rng):
         qk_norm_rotary_plan(Call(t, s, x.device, "triton")).forward(*t.values())
         t = dict(gate_up=torch.randn(2, 6, 2 * 6144).to(bf))
         swiglu_plan(Call(t, {}, x.device, "triton")).forward(*t.values())
-        for window, key_mask, q_weight in ((128, mask, None), (-1, mask, hw)):
-            t = dict(q=q, k=k, v=v, key_mask=key_mask, q_weight=q_weight)
+        for window, key_mask, weight in ((128, mask, None), (-1, mask, hw)):
+            t = dict(q=q, k=k, v=v, key_mask=key_mask, q_weight=weight, k_weight=weight)
             s = dict(scale=128**-0.5, window=window, eps=1e-6)
             attention_plan(Call(t, s, x.device, "triton")).forward(*t.values())
     names = sorted({name for _, name, _ in calls})

@@ -9,7 +9,8 @@ Per block, against diffusers' forward:
   tensors, so the model holds each weight once and the reference forward still runs);
 * the per-head RMS norms of queries and keys and the rotary embedding run in place on the QKV
   GEMM's output (:func:`~stream_dit.ops.qk_norm_rotary.qk_norm_rotary_`); the cross-attention's
-  query norm runs inside the attention kernel, as it loads the queries;
+  query and key norms run inside the attention kernel, as it loads them, and every block's
+  cross-attention keys and values come from one GEMM per forward;
 * each gated residual add runs with the next sublayer's RMS norm and AdaLN modulation in one pass
   (:func:`~stream_dit.ops.adaln_norm.adaln_rms_norm`): three launches per block, the last one
   already the next block's (or the output's) norm;
@@ -42,8 +43,6 @@ from ..ops.swiglu import swiglu
 class _BlockWeights:
     qkv: torch.Tensor  # (H·d + 2·Hkv·d, D): to_q, to_k, to_v stacked
     qkv_bias: torch.Tensor | None
-    cross_kv: torch.Tensor  # (2·Hkv·d, D): the cross attention's to_k, to_v stacked
-    cross_kv_bias: torch.Tensor | None
     gate_up: torch.Tensor  # (2·I, D): the MLP's gate and up projections stacked
 
 
@@ -74,12 +73,18 @@ class FusedAceStep:
         self.blocks_weights: list[_BlockWeights] = []
         self._stacks: list[tuple[torch.Tensor, list[nn.Linear]]] = []  # (stacked, its views)
         for layer in m.layers:
-            sa, ca, mlp = layer.self_attn, layer.cross_attn, layer.mlp
-            groups = ([sa.to_q, sa.to_k, sa.to_v], [ca.to_k, ca.to_v],
-                      [mlp.gate_proj, mlp.up_proj])  # fmt: skip
-            (qkv, qkv_b), (kv, kv_b), (gu, _) = (_stack_into_views(g) for g in groups)
-            self._stacks += [(qkv, groups[0]), (kv, groups[1]), (gu, groups[2])]
-            self.blocks_weights.append(_BlockWeights(qkv, qkv_b, kv, kv_b, gu))
+            sa, mlp = layer.self_attn, layer.mlp
+            groups = ([sa.to_q, sa.to_k, sa.to_v], [mlp.gate_proj, mlp.up_proj])
+            (qkv, qkv_b), (gu, _) = (_stack_into_views(g) for g in groups)
+            self._stacks += [(qkv, groups[0]), (gu, groups[1])]
+            self.blocks_weights.append(_BlockWeights(qkv, qkv_b, gu))
+        # every block's cross-attention keys and values come from the same conditioning: one
+        # GEMM per forward against all blocks' to_k, to_v stacked
+        cross = [
+            lin for layer in m.layers for lin in (layer.cross_attn.to_k, layer.cross_attn.to_v)
+        ]
+        self.cross_kv, self.cross_kv_bias = _stack_into_views(cross)
+        self._stacks.append((self.cross_kv, cross))
         # a .to(), a checkpoint loaded into new tensors or a reassignment moves a weight off its
         # view; a load in place keeps it (the stacked tensor sees the new values)
         self._pointers = self._weight_pointers()
@@ -147,6 +152,9 @@ class FusedAceStep:
         tables = torch.cat([layer.scale_shift_table for layer in layers])
         mods = tables + timestep_proj[:, None]
         out_shift, out_scale = (m.scale_shift_table + temb.unsqueeze(1)).unbind(1)
+        # (B, L, blocks, 2·Hkv·d): each block's keys then values of the conditioning tokens
+        cross_kv = F.linear(encoder, self.cross_kv, self.cross_kv_bias)
+        cross_kv = cross_kv.unflatten(-1, (len(layers), -1))
         normed = rms_norm_modulate(
             hidden, layers[0].self_attn_norm.weight, scale=mods[:, 0, 1], shift=mods[:, 0, 0],
             eps=layers[0].self_attn_norm.eps,
@@ -169,13 +177,10 @@ class FusedAceStep:
             )
 
             cq = F.linear(normed, ca.to_q.weight, ca.to_q.bias)
-            kv = F.linear(encoder, w.cross_kv, w.cross_kv_bias)
-            qk_norm_rotary_(kv, ca.norm_k.weight, ca.norm_k.weight, q_heads=0, k_heads=kv_heads,
-                            eps=ca.norm_k.eps)  # fmt: skip
             (cq,) = _heads(cq, (heads,), d)
-            ck, cv = _heads(kv, (kv_heads, kv_heads), d)
-            attn = attention(cq, ck, cv, encoder_mask, scale=ca.scaling,
-                             q_weight=ca.norm_q.weight, eps=ca.norm_q.eps)  # fmt: skip
+            ck, cv = _heads(cross_kv[:, :, i], (kv_heads, kv_heads), d)
+            attn = attention(cq, ck, cv, encoder_mask, scale=ca.scaling, q_weight=ca.norm_q.weight,
+                             k_weight=ca.norm_k.weight, eps=ca.norm_q.eps)  # fmt: skip
             attn = ca.to_out[0](attn.flatten(2))
             hidden, normed = adaln_rms_norm(hidden, layer.mlp_norm.weight, attn,
                                             scale=mods[:, i, 4], shift=mods[:, i, 3],

@@ -19,6 +19,7 @@ def attention(
     scale: float,
     window: int = -1,
     q_weight: torch.Tensor | None = None,
+    k_weight: torch.Tensor | None = None,
     eps: float = 1e-6,
     backend: str | None = None,
 ) -> torch.Tensor:
@@ -33,8 +34,9 @@ def attention(
         scale: the score scale (``d**-0.5`` usually).
         window: ``>= 0``: query ``i`` attends keys ``j`` with ``|i − j| <= window`` only; ``-1``:
             no window.
-        q_weight, eps: optional ``(d,)`` weight of an RMS norm applied to each query head as it
-            is loaded (QK-norm attention without a separate pass over the queries).
+        q_weight, k_weight, eps: optional ``(d,)`` weights of RMS norms applied to each query
+            head and each key head as they are loaded (QK-norm attention without a separate
+            pass over them; the keys are normalised once per query block, so this suits few keys).
         backend: see :func:`triton_dispatch.select_backend`.
 
     A query with no key to attend gets zeros (never NaN).
@@ -42,7 +44,7 @@ def attention(
     Raises:
         ValueError / TypeError: naming the argument, for bad shapes, dtypes or layouts.
     """
-    return ATTENTION(q, k, v, key_mask, q_weight, scale=scale, window=window, eps=eps,
+    return ATTENTION(q, k, v, key_mask, q_weight, k_weight, scale=scale, window=window, eps=eps,
                      backend=backend)  # fmt: skip
 
 

@@ -36,9 +36,10 @@ def _check(call: Call) -> None:
                              f"{call[name].stride()}")  # fmt: skip
     if mask is not None and tuple(mask.shape) != (b, k.shape[1]):
         raise ValueError(f"key_mask must be ({b}, {k.shape[1]}) (B, M), got {tuple(mask.shape)}")
-    qw = call["q_weight"]
-    if qw is not None and tuple(qw.shape) != (d,):
-        raise ValueError(f"q_weight must have shape ({d},) (head_dim), got {tuple(qw.shape)}")
+    for name in ("q_weight", "k_weight"):
+        w = call[name]
+        if w is not None and tuple(w.shape) != (d,):
+            raise ValueError(f"{name} must have shape ({d},) (head_dim), got {tuple(w.shape)}")
 
 
 def _plan(call: Call):
@@ -47,6 +48,11 @@ def _plan(call: Call):
     from .kernels import attention_plan  # Triton is imported once a kernel is planned
 
     return attention_plan(call)
+
+
+def _norm_weight(name: str) -> TensorSpec:
+    return TensorSpec(name, FLOATS, "(head_dim,)", fits=lambda s: len(s) == 1, contiguous=True,
+                      optional=True, differentiable=False)  # fmt: skip
 
 
 def _heads(name: str) -> TensorSpec:
@@ -62,8 +68,8 @@ ATTENTION = OpDeclaration(
         _heads("v"),
         TensorSpec("key_mask", (torch.bool,), "(B, M)", fits=lambda s: len(s) == 2,
                    optional=True, differentiable=False),
-        TensorSpec("q_weight", FLOATS, "(head_dim,)", fits=lambda s: len(s) == 1,
-                   contiguous=True, optional=True, differentiable=False),
+        _norm_weight("q_weight"),
+        _norm_weight("k_weight"),
     ],
     settings=[
         SettingSpec("scale", float, 1.0, valid=lambda s: math.isfinite(s) and s > 0,
@@ -77,5 +83,5 @@ ATTENTION = OpDeclaration(
     returns=("out",),
     reference=attention_reference,
     plan=_plan,
-    fake=lambda q, k, v, key_mask, q_weight, **settings: q.new_empty(q.shape),
+    fake=lambda q, k, v, key_mask, q_weight, k_weight, **settings: q.new_empty(q.shape),
 )  # fmt: skip

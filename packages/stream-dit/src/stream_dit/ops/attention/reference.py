@@ -12,6 +12,7 @@ def attention_reference(
     v: torch.Tensor,
     key_mask: torch.Tensor | None = None,
     q_weight: torch.Tensor | None = None,
+    k_weight: torch.Tensor | None = None,
     *,
     scale: float,
     window: int = -1,
@@ -24,14 +25,21 @@ def attention_reference(
     ``j`` when ``key_mask[b, j]`` is true (all keys without a mask) and, for ``window >= 0``,
     ``|i − j| <= window``. A query with no key to attend gets zeros. With ``q_weight`` ``(d,)``
     each query head is first RMS-normalised and scaled by it (``q·w/sqrt(mean(q²) + eps)``,
-    rounded to ``q``'s dtype: the query norm of QK-norm attention). Computed in float32 (float64
-    for float64 inputs), rounded once to ``q``'s dtype.
+    rounded to ``q``'s dtype: the query norm of QK-norm attention); ``k_weight`` does the same to
+    each key head. Computed in float32 (float64 for float64 inputs), rounded once to ``q``'s
+    dtype.
     """
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    if q_weight is not None:
-        qn = q.to(work)
-        qn = qn * torch.rsqrt(qn.square().mean(-1, keepdim=True) + eps) * q_weight.to(work)
-        q = qn.to(q.dtype)
+
+    def normed(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        if weight is None:
+            return x
+        xf = x.to(work)
+        return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps) * weight.to(work)).to(
+            x.dtype
+        )
+
+    q, k = normed(q, q_weight), normed(k, k_weight)
     group = q.shape[2] // k.shape[2]
     qf = q.to(work).transpose(1, 2)  # (B, H, N, d)
     kf = k.to(work).transpose(1, 2).repeat_interleave(group, dim=1)
