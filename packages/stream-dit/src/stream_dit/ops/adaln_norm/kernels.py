@@ -28,23 +28,32 @@ def _adaln_rms_norm_kernel(
     mask = row_ok[:, None] & col_ok[None, :]
     offs = rows.to(tl.int64)[:, None] * width + cols[None, :]
     batch = (rows // tokens).to(tl.int64)[:, None]
+    # every load is issued before the row's reduction, so they are all in flight at once; the
+    # per-batch vectors stay in L2 for the other rows of their batch, the branch is read once
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0, eviction_policy="evict_last")
+    if HAS_DELTA:
+        step = tl.load(delta_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_first")
+    if HAS_GATE:
+        g = tl.load(gate_ptr + batch * gate_stride + cols[None, :], mask=mask, other=0.0,
+                    eviction_policy="evict_last")  # fmt: skip
+    if HAS_MOD:
+        sc = tl.load(scale_ptr + batch * scale_stride + cols[None, :], mask=mask, other=0.0,
+                     eviction_policy="evict_last")  # fmt: skip
+        sh = tl.load(shift_ptr + batch * shift_stride + cols[None, :], mask=mask, other=0.0,
+                     eviction_policy="evict_last")  # fmt: skip
     r = x.to(tl.float32)
     if HAS_DELTA:
-        step = tl.load(delta_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        step = step.to(tl.float32)
         if HAS_GATE:
-            g = tl.load(gate_ptr + batch * gate_stride + cols[None, :], mask=mask, other=0.0)
             step = step * g.to(tl.float32)
         # the residual stream is kept in the input's dtype: the norm reads the rounded sum
         rounded = (r + step).to(x.dtype)
         tl.store(res_ptr + offs, rounded, mask=mask)
         r = rounded.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(r * r, axis=1) / width + eps)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-    y = r * inv[:, None] * w[None, :]
+    y = r * inv[:, None] * w.to(tl.float32)[None, :]
     if HAS_MOD:
-        sc = tl.load(scale_ptr + batch * scale_stride + cols[None, :], mask=mask, other=0.0)
-        sh = tl.load(shift_ptr + batch * shift_stride + cols[None, :], mask=mask, other=0.0)
         y = y * (1.0 + sc.to(tl.float32)) + sh.to(tl.float32)
     tl.store(out_ptr + offs, y.to(x.dtype), mask=mask)
 

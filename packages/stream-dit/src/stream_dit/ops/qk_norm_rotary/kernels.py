@@ -26,20 +26,25 @@ def _qk_norm_rotary_kernel(
     head_ok = (h < heads)[:, None]
     first = x_ptr + row.to(tl.int64) * row_stride + h[:, None] * (2 * HALF) + c[None, :]
     a_raw = tl.load(first, mask=head_ok, other=0.0)
-    a = a_raw.to(tl.float32)
-    b = tl.load(first + HALF, mask=head_ok, other=0.0).to(tl.float32)
-    inv = 1.0 / tl.sqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF) + eps)
+    b_raw = tl.load(first + HALF, mask=head_ok, other=0.0)
+    # the weights and the position's tables are loaded before the reduction, all in flight
     is_q = (h < q_heads)[:, None]
-    wa = tl.where(is_q, tl.load(wq_ptr + c)[None, :], tl.load(wk_ptr + c)[None, :])
-    wb = tl.where(is_q, tl.load(wq_ptr + HALF + c)[None, :], tl.load(wk_ptr + HALF + c)[None, :])
-    a = a * inv[:, None] * wa.to(tl.float32)
-    b = b * inv[:, None] * wb.to(tl.float32)
+    wqa = tl.load(wq_ptr + c, eviction_policy="evict_last")[None, :]
+    wka = tl.load(wk_ptr + c, eviction_policy="evict_last")[None, :]
+    wqb = tl.load(wq_ptr + HALF + c, eviction_policy="evict_last")[None, :]
+    wkb = tl.load(wk_ptr + HALF + c, eviction_policy="evict_last")[None, :]
     if ROTARY:
         at = (row % tokens) * (2 * HALF) + c
         ca = tl.load(cos_ptr + at)[None, :]
         cb = tl.load(cos_ptr + HALF + at)[None, :]
         sa = tl.load(sin_ptr + at)[None, :]
         sb = tl.load(sin_ptr + HALF + at)[None, :]
+    a = a_raw.to(tl.float32)
+    b = b_raw.to(tl.float32)
+    inv = 1.0 / tl.sqrt((tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)) / (2 * HALF) + eps)
+    a = a * inv[:, None] * tl.where(is_q, wqa, wka).to(tl.float32)
+    b = b * inv[:, None] * tl.where(is_q, wqb, wkb).to(tl.float32)
+    if ROTARY:
         a, b = a * ca - b * sa, b * cb + a * sb
     tl.store(first, a.to(a_raw.dtype), mask=head_ok)
     tl.store(first + HALF, b.to(a_raw.dtype), mask=head_ok)
