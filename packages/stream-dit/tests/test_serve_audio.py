@@ -4,6 +4,7 @@ latent endpoint unchanged."""
 import io
 import json
 import struct
+import wave
 
 import numpy as np
 import pytest
@@ -66,13 +67,13 @@ def test_wav_and_stream_equal_the_decoded_latent(server):
     body = {"frames": 60, "cond_seed": 4, "cond_len": 3, "seed": 2, "steps": 2}
     latent = np.load(io.BytesIO(_post(url, "/generate", body).content))
     ref = full_decode(adapter, torch.from_numpy(latent)).numpy()
-    whole = _post(url, "/generate/audio", body)
+    whole = _post(url, "/generate/audio", body, format="f32")
     assert whole.status_code == 200 and whole.headers["content-type"] == "audio/wav"
     rate, audio = read_wav(whole.content)
     assert rate == 800 and audio.shape == (2, 60 * 32)
     np.testing.assert_allclose(audio, ref, rtol=0, atol=1e-5 * np.abs(ref).max())
     with httpx.Client(timeout=60) as client, client.stream(
-        "POST", f"{url}/generate/audio/stream", content=json.dumps(body),
+        "POST", f"{url}/generate/audio/stream?format=f32", content=json.dumps(body),
         headers={"content-type": "application/json"},
     ) as resp:  # fmt: skip
         assert resp.status_code == 200
@@ -81,6 +82,12 @@ def test_wav_and_stream_equal_the_decoded_latent(server):
     assert streamed == whole.content  # the streamed file is the same file
     _, pcm = read_wav(_post(url, "/generate/audio", body, format="pcm16", normalize="1").content)
     assert abs(np.abs(pcm).max() - 10 ** (-1 / 20)) < 1e-3  # -1 dBFS peak
+    # the default is 16-bit PCM, which the standard library's reader (and every tool) opens
+    default = _post(url, "/generate/audio", body).content
+    with wave.open(io.BytesIO(default)) as w:
+        assert (w.getsampwidth(), w.getnchannels(), w.getnframes()) == (2, 2, 60 * 32)
+    _, clipped = read_wav(default)
+    np.testing.assert_allclose(clipped, np.clip(ref, -1, 1), rtol=0, atol=1.5 / 32767)
 
 
 def test_audio_endpoints_refuse_bad_queries_and_bodies(server, tiny_model):

@@ -18,6 +18,11 @@ def test_small_load_run_on_cpu():
     assert res.mismatched == 0 and res.max_abs_diff < 1e-4
     malformed = 30 // cfg.malformed_every
     assert res.client_4xx == malformed and len(res.statuses) >= 2 + min(kinds, malformed)
+    # a number that overflows float32 is refused as a bad request, a bool or a numeric string
+    # where an int goes as a malformed one; none of them is served
+    assert res.statuses.get("400 overflowing_guidance") == 1, res.statuses
+    assert res.statuses.get("422 bool_for_int") == 1, res.statuses
+    assert res.statuses.get("422 numeric_string") == 1, res.statuses
     assert res.disconnected == 3 and res.completed == 30 - malformed - 3
     assert res.server_counts.get("503", 0) > 0  # the small queue did push back
     assert res.rss_before_mb is None or res.rss_after_mb - res.rss_before_mb < 200

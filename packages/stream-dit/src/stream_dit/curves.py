@@ -28,10 +28,19 @@ class Curve:
     def of(cls, values: Curve | Sequence[float] | float | None, *, name: str) -> Curve | None:
         if values is None or isinstance(values, Curve):
             return values
-        if isinstance(values, (int, float)):
+        if isinstance(values, (int, float)) and not isinstance(values, bool):
             values = [float(values)]
+        if isinstance(values, (str, bytes, bool)):
+            raise TypeError(f"{name} must be a sequence of numbers, got {values!r}")
         try:
-            floats = tuple(float(v) for v in values)
+            items = list(values)
+        except TypeError:
+            raise TypeError(f"{name} must be a sequence of numbers, got {values!r}") from None
+        # a bool or a string is not a number, though float() would take both
+        if any(isinstance(v, (bool, str, bytes)) for v in items):
+            raise TypeError(f"{name} must be a sequence of numbers, got {values!r}")
+        try:
+            floats = tuple(float(v) for v in items)
         except (TypeError, ValueError):
             raise TypeError(f"{name} must be a sequence of numbers, got {values!r}") from None
         try:

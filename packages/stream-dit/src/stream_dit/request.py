@@ -15,6 +15,25 @@ CfgType = Literal["none", "full", "self", "initialize"]
 GuidanceMode = Literal["cfg", "apg"]
 CFG_TYPES: tuple[str, ...] = ("none", "full", "self", "initialize")
 
+#: The largest magnitude of a request's open-ended numbers (guidance, APG's eta and norm threshold,
+#: curve values, DCW strengths, the top of shift): far past any useful setting, and small enough
+#: that a step's arithmetic stays finite in float32 and bfloat16, where a guidance of 1e39 is
+#: already inf and the latent NaN.
+MAX_MAGNITUDE = 1e3
+#: The largest seed (the noise generator takes 64-bit seeds; JSON clients round past 2**53 anyway).
+SEED_MAX = 2**63 - 1
+
+#: (low, high, low included) of each number a request carries.
+NUMBER_RANGES: dict[str, tuple[float, float, bool]] = {
+    "shift": (0.0, MAX_MAGNITUDE, False),
+    "denoise": (0.0, 1.0, False),
+    "guidance": (-MAX_MAGNITUDE, MAX_MAGNITUDE, True),
+    "cfg_rescale": (0.0, 1.0, True),
+    "apg_momentum": (-1.0, 1.0, True),
+    "apg_norm_threshold": (0.0, MAX_MAGNITUDE, True),
+    "apg_eta": (-MAX_MAGNITUDE, MAX_MAGNITUDE, True),
+}
+
 
 @dataclass
 class Request:
@@ -78,51 +97,42 @@ class Request:
     ) -> None:
         """Normalise curves and check every field against the model and engine limits.
 
+        Ints must be ints and numbers numbers (a bool or a string is neither); every number has
+        the range of :data:`NUMBER_RANGES` (open-ended ones stop at :data:`MAX_MAGNITUDE`, so a
+        step's arithmetic stays finite), ``seed`` is in ``[0, 2**63 - 1]``.
+
         Raises:
-            ValueError / TypeError naming the field and what was expected (``ValueError`` for an
-            empty ``cond`` and for NaN or inf in ``cond``, ``negative``, ``init_latent`` or
-            ``context``).
+            ValueError / TypeError naming the field and what was expected (``TypeError`` for a
+            value of the wrong type, ``ValueError`` for one out of range, for an empty ``cond``
+            and for NaN or inf in ``cond``, ``negative``, ``init_latent`` or ``context``).
         """
-        if not isinstance(self.frames, int) or isinstance(self.frames, bool) or self.frames < 1:
-            raise ValueError(f"frames must be an int >= 1, got {self.frames!r}")
-        if self.frames > max_frames:
-            raise ValueError(f"frames={self.frames} exceeds the engine's limit of {max_frames}")
-        if not isinstance(self.audio, bool):
-            raise TypeError(f"audio must be a bool, got {type(self.audio).__name__}")
-        if not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"steps must be an int >= 1, got {self.steps!r}")
-        for name in (
-            "shift",
-            "denoise",
-            "guidance",
-            "cfg_rescale",
-            "apg_momentum",
-            "apg_norm_threshold",
-            "apg_eta",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
-        if self.shift <= 0:
-            raise ValueError(f"shift must be > 0, got {self.shift}")
-        if not 0 < self.denoise <= 1:
-            raise ValueError(f"denoise must be in (0, 1], got {self.denoise}")
+        _check_int("frames", self.frames, 1, max_frames, "the engine's limit")
+        _check_int("steps", self.steps, 1, None)
+        _check_int("seed", self.seed, 0, SEED_MAX)
+        for name in ("audio", "stream"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        for name, (low, high, closed) in NUMBER_RANGES.items():
+            _check_number(name, getattr(self, name), low, high, closed)
         if self.cfg_type not in CFG_TYPES:
             raise ValueError(f"cfg_type must be one of {CFG_TYPES}, got {self.cfg_type!r}")
         if self.guidance_mode not in ("cfg", "apg"):
             raise ValueError(f"guidance_mode must be 'cfg' or 'apg', got {self.guidance_mode!r}")
-        if not 0.0 <= self.cfg_rescale <= 1.0:
-            raise ValueError(f"cfg_rescale must be in [0, 1], got {self.cfg_rescale}")
         self.velocity_scale = Curve.of(self.velocity_scale, name="velocity_scale")
         self.noise = Curve.of(self.noise, name="noise")
         self.guidance_curve = Curve.of(self.guidance_curve, name="guidance_curve")
+        for name in ("velocity_scale", "noise", "guidance_curve"):
+            curve = getattr(self, name)
+            if curve is not None and max(abs(v) for v in curve.values) > MAX_MAGNITUDE:
+                raise ValueError(f"{name} values must lie in [-{MAX_MAGNITUDE:g}, "
+                                 f"{MAX_MAGNITUDE:g}], got {list(curve.values)}")  # fmt: skip
         if self.noise is not None and min(self.noise.values) < 0:
             raise ValueError("noise curve values must be >= 0")
         if self.dcw is not None:
-            if len(self.dcw) != 2 or not all(math.isfinite(float(v)) for v in self.dcw):
-                raise ValueError(
-                    f"dcw must be a pair of finite strengths (low, high), got {self.dcw!r}"
-                )
+            if isinstance(self.dcw, (str, bytes)) or len(self.dcw) != 2:
+                raise ValueError(f"dcw must be a pair of strengths (low, high), got {self.dcw!r}")
+            for name, v in zip(("dcw[0]", "dcw[1]"), self.dcw):
+                _check_number(name, v, -MAX_MAGNITUDE, MAX_MAGNITUDE, True)
             self.dcw = (float(self.dcw[0]), float(self.dcw[1]))
         _check_states(self.cond, self.cond_mask, "cond", cond_dim, max_cond_len)
         if self.negative is not None:
@@ -148,6 +158,28 @@ class Request:
     @property
     def has_curves(self) -> bool:
         return not (is_one(self.velocity_scale) and is_zero(self.noise)) or self.dcw is not None
+
+
+def _check_int(name: str, value, low: int, high: int | None, high_is: str = "") -> None:
+    """An int (not a bool, not a string) in ``[low, high]``."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    if high is not None and value > high:
+        limit = f"{high_is} of {high}" if high_is else f"{high}"
+        raise ValueError(f"{name}={value} exceeds {limit}")
+
+
+def _check_number(name: str, value, low: float, high: float, low_included: bool) -> None:
+    """A finite int or float (not a bool, not a string) in ``[low, high]`` (``(low, high]``
+    when ``low`` is excluded)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    inside = (low <= value if low_included else low < value) and value <= high
+    if not math.isfinite(value) or not inside:
+        span = f"{'[' if low_included else '('}{low:g}, {high:g}]"
+        raise ValueError(f"{name} must be a finite number in {span}, got {value!r}")
 
 
 def _check_states(

@@ -160,6 +160,11 @@ def malformed_requests(max_frames: int) -> list[tuple[str, bytes, dict[str, Any]
     """``(kind, body, options)`` for requests a careless or hostile client sends."""
     ok = {"frames": 8, "cond_seed": 1, "cond_len": 4}
     return [
+        # first the numbers a lax parser would take: a finite JSON number that overflows
+        # float32 (400), a bool and a numeric string for an int (422)
+        ("overflowing_guidance", json.dumps({**ok, "guidance": 1e39}).encode(), {}),
+        ("bool_for_int", json.dumps({**ok, "frames": True}).encode(), {}),
+        ("numeric_string", json.dumps({**ok, "frames": "100"}).encode(), {}),
         ("not_json", b'{"frames": 8, "cond_seed"', {}),
         ("unknown_field", json.dumps({**ok, "colour": "red"}).encode(), {}),
         ("huge_cond_len", json.dumps({**ok, "cond_len": 20_000_000}).encode(), {}),

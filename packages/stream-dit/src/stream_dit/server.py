@@ -5,7 +5,8 @@ with the finished ``(frames, channels)`` float32 latent as the bytes of a ``.npy
 session that has a decoder, the same body sent to
 
 * ``POST /generate/audio`` is answered with the decoded audio as a WAV file (query
-  ``format=f32`` (IEEE float, the default) or ``pcm16`` (clipped to [-1, 1]), ``normalize=true``
+  ``format=pcm16`` (16-bit PCM clipped to [-1, 1], the default: what ``wave``, browsers and audio
+  tools open) or ``f32`` (IEEE float), ``normalize=true``
   to scale the clip's peak to -1 dBFS as ACE-Step's pipeline does);
 * ``POST /generate/audio/stream`` is answered with a WAV whose samples arrive in chunks as the
   decoder's windows finish (``format`` as above; the header states the final length, so the
@@ -24,7 +25,8 @@ carries the reason:
   starting, warming its engine up or stopping (503 without ``Retry-After`` once the warm-up has
   failed); also when ``max_uploads`` bodies are being received already (before this one is read);
 * 504: the request took longer than ``request_timeout_s`` (it is cancelled, its slot freed);
-* 500: the request failed inside the session.
+* 500: the request failed inside the session, or its latent or audio came out with NaN or inf
+  values (never sent as a 200).
 
 The order matters to clients that retry on 503: a request is read (capped at ``max_body_bytes``)
 and validated first, so one that can never succeed gets its 4xx even while the server is full, and
@@ -70,8 +72,8 @@ from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
 from .aio import AsyncStreamSession, RequestFailed
-from .request import Request
-from .server_limits import SEED_MAX, ServerLimits
+from .request import SEED_MAX, Request
+from .server_limits import ServerLimits
 from .session import StreamSession
 from .wav import WAV_FORMATS, peak_normalize, wav_bytes, wav_header, wav_samples
 
@@ -83,7 +85,8 @@ _log = logging.getLogger(__name__)
 class GenerateBody(BaseModel):
     """The JSON body of ``POST /generate`` (sizes are bounded by :class:`ServerLimits`)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: a bool is not an int and a string not a number (422); ints are numbers
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     frames: int = Field(ge=1)
     cond: list[list[float]] | None = None
@@ -106,7 +109,7 @@ class GenerateBody(BaseModel):
     velocity_scale: list[float] | None = None
     noise: list[float] | None = None
     guidance_curve: list[float] | None = None
-    dcw: tuple[float, float] | None = None
+    dcw: list[float] | None = Field(default=None, min_length=2, max_length=2)
 
 
 def to_request(body: GenerateBody, limits: ServerLimits) -> Request:
@@ -154,6 +157,15 @@ class _TooLarge(_Reject):
 _DRAIN_MIN_BYTES = 16 << 20
 _DRAIN_BODY_CAPS = 4
 _DRAIN_S = 2.0
+
+
+def _refuse_nonfinite(x: torch.Tensor, what: str) -> None:
+    """The last guard before an answer: a result with NaN or inf is a failure (500 with the
+    reason), never a 200 (the request checks keep numbers in ranges where this cannot happen)."""
+    bad = int(torch.count_nonzero(~torch.isfinite(x)))
+    if bad:
+        raise _Reject(500, f"the request produced a {what} with {bad} NaN or infinite values; "
+                           "nothing is returned")  # fmt: skip
 
 
 def _validation_reasons(exc: ValidationError) -> list[dict[str, str]]:
@@ -422,6 +434,7 @@ def create_app(
     async def serve_latent(http: HTTPRequest, request: Request, deadline: float) -> Response:
         request.audio = False  # nobody will listen: do not spend the decoder on it
         latent = await until_done(http, driver.generate(request), deadline)
+        _refuse_nonfinite(latent, "latent")
         counts["completed"] += 1
         return Response(content=npy_bytes(latent), media_type="application/octet-stream")
 
@@ -433,7 +446,7 @@ def create_app(
         unknown = sorted(set(query) - ({"format"} if stream else {"format", "normalize"}))
         if unknown:
             raise _Reject(422, [{"field": k, "reason": "unknown query parameter"} for k in unknown])
-        fmt = query.get("format", "f32")
+        fmt = query.get("format", "pcm16")
         if fmt not in WAV_FORMATS:
             raise _Reject(422, [{"field": "format", "reason": f"must be one of {WAV_FORMATS}"}])
         flag = query.get("normalize", "false").lower()
@@ -446,6 +459,7 @@ def create_app(
     ) -> Response:
         request.audio = True
         audio = await until_done(http, driver.generate_audio(request), deadline)
+        _refuse_nonfinite(audio, "audio")
         if normalize:
             audio = peak_normalize(audio)
         counts["completed"] += 1
@@ -461,6 +475,11 @@ def create_app(
         request.audio = True
         pieces = driver.stream_audio(request)
         first = await until_done(http, pieces.__anext__(), deadline)
+        try:
+            _refuse_nonfinite(first, "audio")
+        except _Reject:
+            await pieces.aclose()
+            raise
         decoder = session.decoder
         header = wav_header(
             request.frames * decoder.hop, decoder.audio_channels, decoder.sample_rate, fmt
@@ -479,6 +498,11 @@ def create_app(
                     except (asyncio.TimeoutError, RequestFailed) as exc:
                         counts["stream_cut"] += 1
                         _log.warning("audio stream ended early: %r", exc)
+                        return
+                    if not bool(torch.isfinite(piece).all()):
+                        # the status is sent already: end the file short rather than send NaN
+                        counts["stream_cut"] += 1
+                        _log.warning("audio stream ended early: non-finite samples")
                         return
                     yield wav_samples(piece, fmt)
             finally:

@@ -16,7 +16,6 @@ from typing import Any
 #: (``-0.12345678901234567,`` is 21 characters; a little slack for whitespace).
 _CHARS_PER_NUMBER = 24
 _BODY_SLACK = 16 * 1024
-SEED_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """WAV files from decoded audio: a header (also for a body that is still being decoded), the
-samples in either encoding, and the ACE-Step pipeline's peak normalisation."""
+samples in either encoding (16-bit PCM by default, what ``wave``, browsers and audio tools open;
+32-bit float as ``"f32"``), and the ACE-Step pipeline's peak normalisation."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _check_format(fmt: str) -> tuple[int, int]:
     return _TAGS[fmt]
 
 
-def wav_header(samples: int, channels: int, sample_rate: int, fmt: WavFormat = "f32") -> bytes:
+def wav_header(samples: int, channels: int, sample_rate: int, fmt: WavFormat = "pcm16") -> bytes:
     """The 44-byte (PCM) or 58-byte (IEEE float, with its ``fact`` chunk) header of a WAV file of
     ``samples`` frames: known before the first sample is decoded, so a streamed body can follow.
 
@@ -57,7 +58,7 @@ def wav_header(samples: int, channels: int, sample_rate: int, fmt: WavFormat = "
     )  # fmt: skip
 
 
-def wav_samples(audio: torch.Tensor, fmt: WavFormat = "f32") -> bytes:
+def wav_samples(audio: torch.Tensor, fmt: WavFormat = "pcm16") -> bytes:
     """``(channels, n)`` audio as interleaved little-endian samples (``pcm16`` clips to
     ``[-1, 1]``)."""
     _check_format(fmt)
@@ -71,8 +72,9 @@ def wav_samples(audio: torch.Tensor, fmt: WavFormat = "f32") -> bytes:
     return x.tobytes()
 
 
-def wav_bytes(audio: torch.Tensor, sample_rate: int, fmt: WavFormat = "f32") -> bytes:
-    """A whole WAV file of ``(channels, n)`` audio."""
+def wav_bytes(audio: torch.Tensor, sample_rate: int, fmt: WavFormat = "pcm16") -> bytes:
+    """A whole WAV file of ``(channels, n)`` audio: 16-bit PCM (clipped to ``[-1, 1]``) unless
+    ``fmt="f32"``."""
     if not isinstance(audio, torch.Tensor) or audio.dim() != 2:
         raise ValueError("audio must be a (channels, samples) tensor")
     return wav_header(audio.shape[1], audio.shape[0], sample_rate, fmt) + wav_samples(audio, fmt)
