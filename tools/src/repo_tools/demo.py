@@ -78,12 +78,25 @@ def main(argv: list[str] | None = None) -> int:
         "the previous one (default: %(default)s)",
     )
     parser.add_argument(
-        "--only", nargs="*", default=None, metavar="PACKAGE", help="run only these packages"
+        "--only",
+        nargs="*",
+        default=None,
+        metavar="PACKAGE",
+        help="run only these packages (one name at least)",
     )
     args = parser.parse_args(argv)
 
     demos = registered_demos()
     packages = sorted(set(kernel_packages()) | set(demos))
+    if args.only == []:
+        # argparse takes a bare ``--only`` as no names, which would otherwise run every package;
+        # its own "+" error could not list the names to choose from
+        print(
+            "demo: error: --only needs at least one package name; "
+            f"known packages: {', '.join(packages) or 'none'}",
+            file=sys.stderr,
+        )
+        return 2
     if args.only:
         message = unknown_package_message(args.only, packages)
         if message is not None:
@@ -123,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         where = f" -> {out_dir}" if result.outputs else ""
         print(
             f"{label}  {result.summary} | backend={result.backend} | {result.key_figure} | "
-            f"{time.perf_counter() - start:.1f} s{where}",
+            f"took {time.perf_counter() - start:.1f} s{where}",
             flush=True,
         )
     return 1 if failures else 0

@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 
 from triton_dispatch import DemoResult, select_backend
+from triton_dispatch.demo import pinned_threads, timing_conditions
 
-from .decode.registry import build_audio_decoder
+from .decode.registry import build_audio_decoder, default_vae
 from .model import FRAME_RATE, build_denoiser
 from .picture import write_audio_picture
 from .request import Request
@@ -41,10 +42,28 @@ def run_demo(
     is ACE-Step 1.5's VAE at its published size on CUDA and the tiny one on the host, none
     without diffusers), the session decodes every request and the first one is written as
     ``stream_dit_demo.wav`` (peak-normalised to -1 dBFS, 16-bit) and ``stream_dit_demo.png``.
-    The weights are random: the audio is noise shaped by the decoder, not music."""
+    The weights are random: the audio is noise shaped by the decoder, not music.
+
+    On the CPU the demo runs on one PyTorch thread (see
+    :func:`triton_dispatch.demo.pinned_threads`) and gives the caller's count back after."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    with pinned_threads(device) as threads:
+        return _run_demo(output_dir, requests, depth, steps, model, warmup, vae, device, threads)
+
+
+def _run_demo(
+    output_dir: Path,
+    requests: int,
+    depth: int,
+    steps: int,
+    model: str,
+    warmup: bool,
+    vae: str,
+    device: str,
+    threads: int | None,
+) -> DemoResult:
     denoiser = build_denoiser(model, "tiny", seed=0, device=device)
     if vae == "auto" and device == "cuda":
         vae = "ace-step"
@@ -95,6 +114,11 @@ def run_demo(
     elapsed = time.perf_counter() - start
     ok = sum(h.result is not None and bool(torch.isfinite(h.result).all()) for h in handles)
     audio = ok * frames / FRAME_RATE
+    ticks = session.ticks
+    timing = (
+        f"mean of {ticks} tick{'' if ticks == 1 else 's'} of one run, "
+        f"{timing_conditions(device, threads)}"
+    )
     figures = {
         "model": model,
         "requests": requests,
@@ -102,9 +126,11 @@ def run_demo(
         "depth": depth,
         "ticks": session.ticks,
         "ms_per_tick": 1e3 * elapsed / max(session.ticks, 1),
+        "timing": timing,
         "latents_per_s": ok / elapsed,
         "audio_x_realtime": audio / elapsed,
         "device": device,
+        "threads": threads,
         "warmup_s": warm_s,
     }
     outputs = []
@@ -114,7 +140,17 @@ def run_demo(
             audio = peak_normalize(first.audio)
             wav = output_dir / "stream_dit_demo.wav"
             wav.write_bytes(wav_bytes(audio, decoder.sample_rate, "pcm16"))
-            outputs += [wav, write_audio_picture(audio, output_dir / "stream_dit_demo.png")]
+            vae_name = default_vae(model, "tiny") if vae == "auto" else vae
+            picture = write_audio_picture(
+                audio,
+                output_dir / "stream_dit_demo.png",
+                sample_rate=decoder.sample_rate,
+                title=(
+                    f"stream-dit demo: request 1 of {requests}, {model} (tiny, random weights) "
+                    f"decoded by the {vae_name} VAE"
+                ),
+            )
+            outputs += [wav, picture]
         figures["audio"] = {
             "sample_rate": decoder.sample_rate,
             "decoded": sum(h.audio_done for h in handles),
@@ -126,8 +162,14 @@ def run_demo(
     out.write_text(json.dumps(figures, indent=2))
     outputs.insert(0, out)
     return DemoResult(
-        summary=f"{model}: {ok}/{requests} requests in {session.ticks} ticks at depth {depth} ({figures['ms_per_tick']:.1f} ms/tick)",
+        summary=(
+            f"{model}: {ok}/{requests} requests in {ticks} ticks at depth {depth}, "
+            f"{figures['ms_per_tick']:.1f} ms per tick ({timing})"
+        ),
         backend=select_backend(device=torch.device(device)),
-        key_figure=f"{figures['audio_x_realtime']:.1f}x realtime audio ({figures['latents_per_s']:.1f} latents/s)",
+        key_figure=(
+            f"{figures['audio_x_realtime']:.1f}x realtime audio "
+            f"({figures['latents_per_s']:.1f} latents/s; over the ticks' wall time)"
+        ),
         outputs=outputs,
     )

@@ -4,7 +4,7 @@ Load it with ``-p triton_dispatch.pytest_plugin`` or ``pytest_plugins = [...]`` 
 ``conftest.py``. On import it sets ``TRITON_INTERPRET=1`` when no CUDA device is present, before any
 kernel module imports Triton, so kernels run in the interpreter on CPU tensors. It registers the
 ``gpu`` and ``slow`` markers, skips ``gpu`` tests without CUDA, and provides the ``seed`` and ``rng``
-fixtures: fresh random inputs each session, reproducible with ``--seed N``.
+fixtures (fresh random inputs each session, reproducible with ``--seed N``) and ``three_threads``.
 """
 
 from __future__ import annotations
@@ -75,6 +75,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_gpu)
         elif "multigpu" in item.keywords and gpus < 2:
             item.add_marker(one_gpu)
+
+
+@pytest.fixture
+def three_threads(monkeypatch: pytest.MonkeyPatch):
+    """A caller running 3 PyTorch threads without ``OMP_NUM_THREADS`` (which would keep them): a
+    count a block that pins its threads cannot keep by chance (the demos' tests)."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture
