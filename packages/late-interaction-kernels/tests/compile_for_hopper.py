@@ -1,6 +1,8 @@
 """Compile every MaxSim kernel for an sm_90 target without a GPU (run as a script by
 ``test_kernels_compile_for_gpu``): catches code the interpreter accepts but the compiler rejects."""
 
+import concurrent.futures
+import multiprocessing
 import os
 import sys
 
@@ -35,14 +37,22 @@ def compile_one(kernel, signature, constexprs) -> None:
     triton.compile(ASTSource(fn, signature, constexprs, attrs), target=TARGET)
 
 
-def main() -> int:
-    failures = []
+#: (label, kernel, signature, constexprs) of every compile main() asks for
+JOBS: list[tuple] = []
 
+
+def _run(index: int) -> str | None:
+    label, *args = JOBS[index]
+    try:
+        compile_one(*args)
+    except Exception as exc:
+        return f"{label}: {type(exc).__name__}: {str(exc)[-1500:]}"
+    return None
+
+
+def main() -> int:
     def check(label, *args):
-        try:
-            compile_one(*args)
-        except Exception as exc:
-            failures.append(f"{label}: {type(exc).__name__}: {str(exc)[-1500:]}")
+        JOBS.append((label, *args))
 
     fwd = {
         "Q": "*bf16", "D": "*bf16", "QM": "*u8", "DM": "*u8", "CUQ": "*i32", "CUD": "*i64",
@@ -116,6 +126,11 @@ def main() -> int:
             check(label, backward.maxsim_grad_d_dense_kernel, sig, cx)
     sig = {"G": "*fp32", "X": "*bf16", "OUT": "*fp32", "n_rows": "i32", "dim": "i32"}
     check("normalize backward", backward.normalize_backward_kernel, sig, dict(BLOCK_K=64, BLOCK_R=32))
+    # each compile is one CPU's work: forked workers (the kernels stay in JOBS, never pickled)
+    workers = min(len(JOBS), os.cpu_count() or 1)
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        failures = [f for f in pool.map(_run, range(len(JOBS))) if f is not None]
     print("\n".join(failures) or "all kernels compiled")
     return 1 if failures else 0
 

@@ -3,6 +3,9 @@ in float64."""
 
 from __future__ import annotations
 
+import datetime
+import re
+
 import pytest
 import torch
 
@@ -128,3 +131,56 @@ def test_loading_a_file_that_is_not_an_index_names_it(tmp_path):
     torch.save({"format": 1, "chunk_size": 2, "normalize": False, "dim": 4}, tmp_path / "cut.pt")
     with pytest.raises(ValueError, match="missing the field"):
         MaxSimIndex.load(tmp_path / "cut.pt")
+
+
+def _write_bad_index(kind: str, path) -> None:
+    good = path.with_suffix(".good")
+    MaxSimIndex([torch.ones(2, 4), torch.ones(3, 4)], chunk_size=2).save(good)
+    fields = {"format": 1, "chunk_size": 2, "normalize": False, "dim": 4}
+    if kind == "text":
+        path.write_text("doc_id,text\n1,hello\n")
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        path.write_bytes(good.read_bytes()[:300])
+    elif kind == "pickled_object":
+        torch.save({**fields, "created": datetime.date(2024, 1, 1)}, path)
+    elif kind == "no_dim":
+        del fields["dim"]
+        torch.save({**fields, "lengths": torch.tensor([2]), "packed": torch.ones(2, 4)}, path)
+    elif kind == "packed_not_tensor":
+        torch.save({**fields, "lengths": torch.tensor([2]), "packed": "rows"}, path)
+    elif kind == "lengths_not_a_list":
+        torch.save({**fields, "lengths": 2, "packed": torch.ones(2, 4)}, path)
+    elif kind == "bad_chunk_size":
+        fields["chunk_size"] = 0
+        torch.save({**fields, "documents": torch.ones(2, 3, 4), "d_mask": None}, path)
+    elif kind == "documents_not_tensor":
+        torch.save({**fields, "documents": "docs", "d_mask": None}, path)
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "text",
+        "empty",
+        "truncated",
+        "pickled_object",
+        "no_dim",
+        "packed_not_tensor",
+        "lengths_not_a_list",
+        "bad_chunk_size",
+        "documents_not_tensor",
+    ],
+)
+def test_every_unreadable_index_file_raises_value_error_naming_it(kind, tmp_path):
+    path = tmp_path / f"{kind}.pt"
+    _write_bad_index(kind, path)
+    with pytest.raises(ValueError, match=re.escape(repr(str(path)))) as caught:
+        MaxSimIndex.load(path)
+    assert caught.value.__cause__ is not None  # the reader's own error stays in the traceback
+
+
+def test_a_missing_index_file_raises_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError, match="absent"):
+        MaxSimIndex.load(tmp_path / "absent.pt")

@@ -6,6 +6,7 @@ seconds); the single-process checks run without a process group."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 
 import pytest
@@ -211,6 +212,32 @@ def test_add_save_load_in_one_process(tmp_path):
     os.rename(path, tmp_path / "shard-00001-of-00002.pt")
     with pytest.raises(ValueError, match=r"holds shards of \[2\] ranks"):
         ShardedMaxSimIndex.load(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["text", "truncated", "ids_missing", "ids_not_int64", "next_id"])
+def test_loading_an_unreadable_shard_names_the_file(kind, tmp_path):
+    path = ShardedMaxSimIndex.from_index(MaxSimIndex(_list_corpus(5, 3))).save(tmp_path)
+    if kind == "text":
+        with open(path, "w") as f:
+            f.write("not a shard")
+    elif kind == "truncated":
+        with open(path, "rb") as f:
+            head = f.read(300)
+        with open(path, "wb") as f:
+            f.write(head)
+    else:
+        state = torch.load(path, weights_only=True)
+        if kind == "ids_missing":
+            del state["ids"]
+        elif kind == "ids_not_int64":
+            state["ids"] = state["ids"].float()
+        else:
+            state["next_id"] = "3"
+        torch.save(state, path)
+    with pytest.raises(ValueError, match=re.escape(repr(path))) as caught:
+        ShardedMaxSimIndex.load(tmp_path, backend="torch")
+    if kind in ("text", "truncated", "ids_missing"):
+        assert caught.value.__cause__ is not None
 
 
 def test_bad_input_names_the_argument():

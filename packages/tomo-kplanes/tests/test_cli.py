@@ -82,7 +82,7 @@ _PHANTOM = ["reconstruct", "--angle-step", "30"]
         (["--threads", "0"], "--threads"),
         (["--checkpoint-every", "-1"], "--checkpoint-every"),
         (["--tilt-series", "nope.st", "--angles", "-60,0,60"], "--tilt-series"),
-        (["--tilt-series", "nope.st"], "--angles"),
+        (["--tilt-series", "nope.st"], "--tilt-series"),
         (["--angles", "-60,0,60"], "--tilt-series"),
         (["--tilt-series", "nope.st", "--angles", "0,1", "--size", "8"], "--size"),
         (["--resolution", "1"], "--resolution"),
@@ -101,6 +101,39 @@ def test_user_errors_are_one_line_naming_the_flag(tmp_path, capsys, argv, flag):
     assert out == "" and err.count("\n") == 1, err
     assert flag in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "angle_args, bad, why",
+    [
+        (["--angles=-60,abc,60"], "abc", "is not a number"),
+        (["--angles", "-60,abc,60"], "abc", "is not a number"),
+        (["--angles", "0,30,sixty"], "sixty", "is not a number"),
+        (["--angles=-60,nan,60"], "nan", "is not a finite angle"),
+    ],
+    ids=["equals-sign", "space", "word", "nan"],
+)
+def test_a_bad_value_in_an_angle_list_is_named(capsys, angle_args, bad, why):
+    listed = angle_args[-1].removeprefix("--angles=")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["reconstruct", *angle_args])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--angles: {bad!r} {why} (in {listed!r})" in err
+    assert "does not exist" not in err and err.count("\n") == 1
+
+
+def test_the_tilt_series_file_is_checked_before_the_missing_angles(tmp_path, capsys):
+    missing = tmp_path / "missing.st"
+    run = ["reconstruct", "--output", str(tmp_path / "out"), *_FAST]
+    assert main([*run, "--tilt-series", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert f"--tilt-series: tilt series {missing} does not exist" in err and "--angles" not in err
+    # a readable file without --angles: now the missing flag is the error
+    tifffile = pytest.importorskip("tifffile")
+    tifffile.imwrite(tmp_path / "ts.tif", np.ones((3, 8, 8), np.float32), photometric="minisblack")
+    assert main([*run, "--tilt-series", str(tmp_path / "ts.tif")]) == 2
+    assert "--tilt-series needs --angles" in capsys.readouterr().err
 
 
 def test_contradicting_flags_are_reported_before_an_existing_output(tmp_path, capsys):

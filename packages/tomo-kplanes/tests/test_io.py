@@ -123,6 +123,8 @@ def test_corrupt_mrc_header_is_a_clear_error_unless_permissive(tmp_path, offset,
     with pytest.raises(ValueError, match=f"corrupt MRC header.*{why}.*permissive") as err:
         read_tilt_series(path)
     assert str(path) in str(err.value)
+    assert "pass permissive=True to read it anyway" in str(err.value)
+    assert "--permissive-mrc" not in str(err.value)  # the Python API's words only
     with pytest.warns(RuntimeWarning):
         if why == "Map ID":  # a broken signature alone leaves the data readable
             data = read_tilt_series(path, permissive=True)
@@ -142,6 +144,7 @@ def test_cli_reads_a_corrupt_mrc_only_with_permissive_mrc(tmp_path, capsys):
     assert main([*args, "--output", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--tilt-series" in err and "corrupt MRC header" in err
-    assert "--permissive-mrc" in err
+    # the command line's words: its flag, not the Python keyword argument
+    assert "pass --permissive-mrc to read it anyway" in err and "permissive=True" not in err
     with pytest.warns(RuntimeWarning):
         assert main([*args, "--output", str(tmp_path / "b"), "--permissive-mrc"]) == 0

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import re
 import sys
 import time
@@ -17,6 +15,7 @@ import numpy as np
 import torch
 
 from triton_dispatch import select_backend
+from triton_dispatch.demo import pinned_threads
 
 from .geometry import TiltGeometry, tilt_range
 from .metrics import psnr, ssim
@@ -82,16 +81,30 @@ def _angles_arg(text: str) -> Path | list[float]:
     path = Path(text)
     if path.is_file():
         return path
-    try:
-        values = [float(a) for a in text.split(",") if a.strip()]
-    except ValueError:
+    items = [a.strip() for a in text.split(",") if a.strip()]
+    values = []
+    for item in items:
+        try:
+            value = float(item)
+        except ValueError:
+            if "," not in text:  # one word that is not a number: meant as a file name
+                raise argparse.ArgumentTypeError(
+                    f"angle file {text} does not exist (expected an IMOD .tlt file or "
+                    "comma-separated degrees such as -60,0,60)"
+                ) from None
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not a number (in {text!r}); expected comma-separated degrees such "
+                "as -60,0,60, or an IMOD .tlt file"
+            ) from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not a finite angle (in {text!r}); expected comma-separated degrees "
+                "such as -60,0,60, or an IMOD .tlt file"
+            )
+        values.append(value)
+    if not values:
         raise argparse.ArgumentTypeError(
-            f"angle file {text} does not exist (expected an IMOD .tlt file or comma-separated "
-            "degrees such as -60,0,60)"
-        ) from None
-    if not values or not all(math.isfinite(a) for a in values):
-        raise argparse.ArgumentTypeError(
-            f"expected an IMOD .tlt file or comma-separated finite degrees, got {text!r}"
+            f"expected an IMOD .tlt file or comma-separated degrees, got {text!r}"
         )
     return values
 
@@ -367,22 +380,11 @@ def _check_resume(path: Path, config: ReconstructionConfig) -> int:
     return int(state["step"])
 
 
-@contextlib.contextmanager
 def cpu_threads(device: torch.device, threads: int | None):
     """Run a CPU reconstruction on ``threads`` PyTorch threads (``None``: 1, unless
     ``OMP_NUM_THREADS`` is set, then PyTorch's own choice); restores the previous count after.
     Yields the count in use, or ``None`` on other devices (left alone)."""
-    if device.type != "cpu":
-        yield None
-        return
-    before = torch.get_num_threads()
-    if threads is None:
-        threads = before if os.environ.get("OMP_NUM_THREADS") else 1
-    torch.set_num_threads(threads)
-    try:
-        yield threads
-    finally:
-        torch.set_num_threads(before)
+    return pinned_threads(device, threads)
 
 
 def _warmup(config: ReconstructionConfig, geo: TiltGeometry, device: torch.device):
@@ -420,16 +422,20 @@ def _device(args: argparse.Namespace) -> torch.device:
 
 
 def _load_series(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
-    from .io import read_angles, read_tilt_series
+    from .io import CorruptMRCHeaderError, read_angles, read_tilt_series
 
+    # The file before the missing flag: reporting --angles first would send the user to find the
+    # angles of a file that then turns out not to exist or not to be readable.
+    try:
+        data = read_tilt_series(args.tilt_series, permissive=args.permissive_mrc)
+    except CorruptMRCHeaderError as exc:
+        raise UsageError(f"--tilt-series: {exc.with_hint('pass --permissive-mrc')}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--tilt-series: {exc}") from None
     if args.angles is None:
         raise UsageError(
             "--tilt-series needs --angles (an IMOD .tlt file or comma-separated degrees)"
         )
-    try:
-        data = read_tilt_series(args.tilt_series, permissive=args.permissive_mrc)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--tilt-series: {exc}") from None
     try:
         angles = read_angles(args.angles)
     except (OSError, ValueError) as exc:

@@ -22,6 +22,24 @@ MRC_SUFFIXES = (".mrc", ".st", ".ali", ".rec", ".mrcs")
 TIFF_SUFFIXES = (".tif", ".tiff")
 
 
+class CorruptMRCHeaderError(ValueError):
+    """An MRC file whose header ``mrcfile`` rejects; ``permissive=True`` reads it anyway.
+
+    ``path`` and ``reason`` (``mrcfile``'s complaint) are kept so that a front end can word the
+    hint its own way: the command line names its flag, not the keyword argument."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = path, reason
+        super().__init__(self.with_hint("pass permissive=True"))
+
+    def with_hint(self, hint: str) -> str:
+        """The message, ``hint`` saying how to read the file anyway."""
+        return (
+            f"tilt series {self.path} has a corrupt MRC header ({self.reason}); "
+            f"{hint} to read it anyway"
+        )
+
+
 def read_tilt_series(path: str | Path, *, permissive: bool = False) -> np.ndarray:
     """A ``(n_tilts, n_v, n_u)`` float32 stack from an MRC (``.mrc``/``.st``/…) or TIFF file.
 
@@ -75,10 +93,7 @@ def _read_mrc(path: Path, permissive: bool) -> np.ndarray:
     except ValueError as exc:
         if permissive or "no image data" in str(exc):
             raise
-        raise ValueError(
-            f"tilt series {path} has a corrupt MRC header ({exc}); "
-            "pass permissive=True (--permissive-mrc) to read it anyway"
-        ) from None
+        raise CorruptMRCHeaderError(path, str(exc)) from exc
 
 
 def read_angles(source: str | Path | Sequence[float]) -> np.ndarray:

@@ -98,15 +98,15 @@ def unavailable_reason() -> str | None:
 
 
 _SCRIPT = r"""
-import importlib, json, sys, traceback
+import concurrent.futures, importlib, json, multiprocessing, os, sys, traceback
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
-calls, capability = json.loads(sys.stdin.read())
-failures = []
-for module, name, described, options in calls:
+
+def compile_call(call):
+    module, name, described, options = call
     fn = getattr(importlib.import_module(module), name)
     while not isinstance(fn, JITFunction):
         fn = fn.fn
@@ -133,7 +133,20 @@ for module, name, described, options in calls:
             options=options,
         )
     except Exception:
-        failures.append(f"{module}.{name} {constexprs} {options}:\n{traceback.format_exc()[-3000:]}")
+        return f"{module}.{name} {constexprs} {options}:\n{traceback.format_exc()[-3000:]}"
+    return None
+
+
+calls, capability = json.loads(sys.stdin.read())
+# each compile is one CPU's work (the LLVM and ptxas passes): one process per core
+workers = min(len(calls), os.cpu_count() or 1)
+if workers > 1:
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        results = list(pool.map(compile_call, calls))
+else:
+    results = [compile_call(call) for call in calls]
+failures = [r for r in results if r is not None]
 print(json.dumps(failures))
 """
 

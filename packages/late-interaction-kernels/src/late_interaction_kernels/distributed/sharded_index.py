@@ -25,6 +25,7 @@ from triton_dispatch import select_backend, uses_triton
 from ..ops.maxsim import maxsim_unchecked
 from ..ops.maxsim_topk.op import CHUNK_SCORES, FUSED_MAX_QUERIES, MIN_CHUNK_SIZE, TOPK, fused_covers
 from ..ops.retrieve import DEFAULT_CHUNK_SIZE, MaxSimIndex, pad_documents
+from ..ops.retrieve.index import read_index_file
 from ..ops.retrieve.validation import check_query_mask as _check_query_mask
 from ..ops.retrieve.validation import describe as _describe
 
@@ -672,14 +673,16 @@ class ShardedMaxSimIndex:
     ) -> ShardedMaxSimIndex:
         """The index written by :meth:`save` into ``directory``: each rank reads its own file
         (onto ``device``, default where it was saved). Collective; the world size must be the one
-        it was saved with (else ``ValueError`` on every rank)."""
+        it was saved with (else ``ValueError`` on every rank). A missing or unreadable shard file
+        raises ``ValueError`` naming it on its rank (and ``ValueError`` on every other rank)."""
         index = cls.__new__(cls)
         index._setup_group(group)
         rank, world = index.rank, index.world_size
         path = os.path.join(os.fspath(directory), _FILE.format(rank + 1, world))
         error: Exception | None = None
         blocks: list[_Block] = []
-        state: dict = {}
+        ids = None
+        normalize, chunk_size, next_id = True, None, 0
         try:
             if not os.path.exists(path):
                 sizes = sorted(
@@ -694,7 +697,7 @@ class ShardedMaxSimIndex:
                     f"no shard file {os.path.basename(path)!r} in {os.fspath(directory)!r} for rank "
                     f"{rank} of {world}: {saved}; load with the world size it was saved with"
                 )
-            state = torch.load(path, map_location=device, weights_only=True)
+            state = read_index_file(path, device, "ShardedMaxSimIndex shard")
             if not isinstance(state, dict) or state.get("format") != SHARD_FORMAT:
                 raise ValueError(f"{path!r} is not a ShardedMaxSimIndex shard file")
             if state.get("rank") != rank or state.get("world_size") != world:
@@ -702,24 +705,55 @@ class ShardedMaxSimIndex:
                     f"{path!r} holds rank {state.get('rank')} of {state.get('world_size')}, "
                     f"loading as rank {rank} of {world}"
                 )
-            for b in state["blocks"]:
-                part = MaxSimIndex._from_state(b, path)
-                if part._padded is not None:
-                    blocks.append(_Block(0, part._padded, part.d_mask, None))
-                else:
-                    blocks.append(_Block(0, None, None, part._list))
+            try:
+                for b in state["blocks"]:
+                    part = MaxSimIndex._from_state(b, path)
+                    if part._padded is not None:
+                        blocks.append(_Block(0, part._padded, part.d_mask, None))
+                    else:
+                        blocks.append(_Block(0, None, None, part._list))
+                ids = state["ids"]
+                n = sum(len(b) for b in blocks)
+                if (
+                    not isinstance(ids, torch.Tensor)
+                    or ids.dtype != torch.int64
+                    or ids.shape != (n,)
+                ):
+                    raise ValueError(
+                        f"{path!r}: ids must be an int64 tensor of shape ({n},), "
+                        f"got {_describe(ids)}"
+                    )
+                normalize = bool(state.get("normalize", True))
+                chunk_size = state.get("chunk_size")
+                next_id = state.get("next_id", 0)
+                if not (chunk_size is None or _int_at_least(chunk_size, 1)) or not _int_at_least(
+                    next_id, 0
+                ):
+                    raise ValueError(
+                        f"{path!r}: chunk_size must be a positive int or None and next_id an int "
+                        f">= 0, got {chunk_size!r} and {next_id!r}"
+                    )
+            except KeyError as exc:
+                raise ValueError(f"{path!r} is missing the field {exc}") from exc
+            except (TypeError, AttributeError) as exc:
+                raise ValueError(f"{path!r} does not hold a valid shard: {exc}") from exc
             index.device = torch.device(
                 device
                 if device is not None
-                else state["ids"].device
+                else ids.device
                 if not blocks
-                else _block_facts(blocks[0])[2] or state["ids"].device
+                else _block_facts(blocks[0])[2] or ids.device
             )
-        except (OSError, KeyError, RuntimeError, ValueError, TypeError) as exc:
-            error = exc if isinstance(exc, ValueError) else ValueError(f"{path!r}: {exc!r}")
+        except (OSError, RuntimeError, ValueError, TypeError) as exc:
+            if isinstance(exc, ValueError):
+                error = exc
+            else:
+                error = ValueError(f"{path!r}: {exc!r}")
+                error.__cause__ = exc
             index.device = torch.device("cpu")
-        index.normalize = bool(state.get("normalize", True))
-        index.chunk_size = state.get("chunk_size")
+            blocks, ids, normalize, chunk_size, next_id = [], None, True, None, 0
+        index.normalize = normalize
+        index.chunk_size = chunk_size
         index.backend = backend
         index._blocks = []
         index._ids = torch.empty(0, dtype=torch.int64, device=index.device)
@@ -728,10 +762,13 @@ class ShardedMaxSimIndex:
         index._next_id = 0
         index.dim = 0
         index.dtype = None
-        ids = state.get("ids") if error is None else None
         index._append(blocks, ids, error)
-        index._next_id = max(index._next_id, int(state.get("next_id", 0)))
+        index._next_id = max(index._next_id, next_id)
         return index
+
+
+def _int_at_least(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def _code(dtype: torch.dtype) -> int:

@@ -4,6 +4,7 @@ chunked scoring with a running top-k."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 
 import torch
@@ -15,6 +16,27 @@ from .validation import check_queries, describe
 DEFAULT_CHUNK_SIZE = 4096
 #: The on-disk layout :meth:`MaxSimIndex.save` writes (kept by :meth:`MaxSimIndex.load`).
 INDEX_FORMAT = 1
+
+
+def read_index_file(path: str | os.PathLike, device, kind: str):
+    """``torch.load`` of one index file (``weights_only``); a file that torch cannot read raises
+    ``ValueError`` naming it, the reader's error chained."""
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except (OSError, MemoryError, torch.cuda.OutOfMemoryError):
+        # A path that cannot be opened or a machine out of memory says nothing about the file's
+        # contents, and these errors already name their cause.
+        raise
+    except Exception as exc:
+        # torch.load fails on a file of another format with whatever its reader trips on first
+        # (UnpicklingError, KeyError, EOFError, the zip reader's RuntimeError, ...). Its first
+        # line is enough here: the weights-only message runs for a page, with terminal colour
+        # codes, and the whole error stays chained.
+        first_line = re.sub(r"\x1b\[[0-9;]*m", "", (str(exc).splitlines() or [""])[0])[:200]
+        raise ValueError(
+            f"{os.fspath(path)!r} is not a readable {kind} file "
+            f"({type(exc).__name__}: {first_line})"
+        ) from exc
 
 
 def pad_documents(docs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,31 +138,42 @@ class MaxSimIndex:
         cls, path: str | os.PathLike, *, device: torch.device | str | None = None
     ) -> MaxSimIndex:
         """An index written by :meth:`save`, on ``device`` (default: where it was saved). Only
-        tensors and plain values are unpickled (``weights_only``); a file that is not an index
-        raises ``ValueError`` naming it."""
-        state = torch.load(path, map_location=device, weights_only=True)
+        tensors and plain values are unpickled (``weights_only``). A file that is not an index
+        (not a torch file, a damaged one, or one without an index's fields) raises ``ValueError``
+        naming it; a path that cannot be opened raises the ``OSError`` of the open
+        (``FileNotFoundError`` for a missing file)."""
+        state = read_index_file(path, device, "MaxSimIndex")
         return cls._from_state(state, os.fspath(path))
 
     @classmethod
     def _from_state(cls, state, source: str) -> MaxSimIndex:
         """The index of a :meth:`_state` dict read from ``source`` (named in errors)."""
-        path = source
         if not isinstance(state, dict) or state.get("format") != INDEX_FORMAT:
-            raise ValueError(
-                f"{os.fspath(path)!r} is not a MaxSimIndex file (format {INDEX_FORMAT})"
-            )
+            raise ValueError(f"{source!r} is not a MaxSimIndex file (format {INDEX_FORMAT})")
         try:
-            options = {"chunk_size": state["chunk_size"], "normalize": state["normalize"]}
-            if "documents" in state:
-                return cls(state["documents"], state["d_mask"], **options)
-            lengths = [int(n) for n in state["lengths"]]
-            packed = state["packed"]
+            return cls._build(state)
         except KeyError as exc:
-            raise ValueError(f"{os.fspath(path)!r} is missing the field {exc}") from None
-        if sum(lengths) != packed.shape[0]:
-            raise ValueError(f"{os.fspath(path)!r}: the lengths do not add up to the packed rows")
+            raise ValueError(f"{source!r} is missing the field {exc}") from exc
+        except (TypeError, ValueError, AttributeError, IndexError, RuntimeError) as exc:
+            # The constructor's own messages name its arguments, which a user loading a file
+            # never passed: say which file holds the bad value.
+            raise ValueError(f"{source!r} does not hold a valid MaxSimIndex: {exc}") from exc
+
+    @classmethod
+    def _build(cls, state: dict) -> MaxSimIndex:
+        options = {"chunk_size": state["chunk_size"], "normalize": state["normalize"]}
+        if "documents" in state:
+            return cls(state["documents"], state["d_mask"], **options)
+        lengths = [int(n) for n in state["lengths"]]
+        packed, dim = state["packed"], state["dim"]
+        if not isinstance(packed, torch.Tensor) or packed.dim() != 2:
+            raise ValueError(f"packed must be a (total, d) tensor, got {describe(packed)}")
+        if isinstance(dim, bool) or dim != packed.shape[1]:
+            raise ValueError(f"dim {dim!r} is not the packed rows' width {packed.shape[1]}")
+        if sum(lengths) != packed.shape[0] or min(lengths, default=0) < 0:
+            raise ValueError("the lengths do not add up to the packed rows")
         index = cls(list(packed.split(lengths)) if lengths else [], **options)
-        index.dim = state["dim"]
+        index.dim = dim
         return index
 
     def _chunks(self):
