@@ -75,3 +75,13 @@ def test_callers_entry_points_keep_their_mask_rule(rng):
     assert_close(autograd.maxsim(Q, D, d_mask=d_mask).diagonal(), want)
     assert_close(mps.maxsim_inference_mps(Q * 3, D, normalize=True),
                  autograd.maxsim(Q, D))  # fmt: skip
+
+
+def test_callers_entry_point_takes_one_query(rng):
+    """``autograd.maxsim(Q (Lq, d), D)``: scores ``(Nd,)``, a gradient shaped like Q."""
+    Q = torch.randn(3, 8, generator=rng, requires_grad=True)
+    D = torch.randn(4, 5, 8, generator=rng, requires_grad=True)
+    assert_gradients_match(
+        autograd.maxsim, lambda q, d: reference.maxsim_reference(q, d), [Q, D], generator=rng
+    )
+    assert Q.grad.shape == (3, 8)

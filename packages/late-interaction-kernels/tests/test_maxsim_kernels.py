@@ -101,6 +101,27 @@ def test_grouped_4d(rng, device, monkeypatch, method, masked):
     )
 
 
+@pytest.mark.parametrize("method", ["unified", "lowmem"])
+@pytest.mark.parametrize("mask", [None, "1-d", "2-d"])
+def test_one_query_against_documents(rng, device, monkeypatch, method, mask):
+    """``Q (Lq, d)``, the usual inference call: scores ``(Nd,)`` and a gradient shaped like Q; its
+    mask may be ``(Lq,)`` as 0.4.5 takes it, or ``(1, Lq)``."""
+    Q, D = _inputs(rng, device, (13, 32), (4, 21, 32))
+    qm = rand_mask((1, 13), generator=rng, device=device)
+    given = {None: None, "1-d": qm[0], "2-d": qm}[mask]
+    ref_mask = None if mask is None else qm
+    out = maxsim(Q, D, given, backward=method)
+    assert out.shape == (4,)
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, given, backward=method),
+        lambda q, d: maxsim_reference(q[None], d, ref_mask)[0],
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+    assert Q.grad.shape == Q.shape and D.grad.shape == D.shape
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_pairs(rng, device, monkeypatch, method):
     method = _method(monkeypatch, method)

@@ -61,6 +61,41 @@ def test_ragged_layout_matches_padded(normalize, rng):
                                max_seqlen_d=1)  # fmt: skip
 
 
+@pytest.mark.parametrize("backend", [None, "torch"])
+@pytest.mark.parametrize("ragged", [False, True])
+def test_empty_document_passes_zero_gradient_without_normalize(backend, ragged, rng):
+    """With ``normalize=False`` an empty document's score is the constant 0: the gradient through
+    it is exactly zero (no raise), and the other documents' gradients are the reference's.
+    (``normalize=True`` runs the fused kernel, which refuses it, as 0.4.5 does.)"""
+    codes, residuals, lengths, centroids, weights = _index(rng, 4)
+    lengths[1] = 0
+    mask = torch.arange(codes.shape[1]) < lengths[:, None]
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
+
+    def score(q, c):
+        if ragged:
+            return maxsim_residual_varlen(q, codes[mask], residuals[mask], cu, c, weights, 4,
+                                          normalize=False, backend=backend)  # fmt: skip
+        return maxsim_residual(q, codes, residuals, lengths, c, weights, 4, normalize=False,
+                               backend=backend)  # fmt: skip
+
+    Q = torch.randn(2, 3, 16, generator=rng, requires_grad=True)
+    C = centroids.clone().requires_grad_()
+    out = score(Q, C)
+    assert torch.equal(out[:, 1], torch.zeros(2))
+    out[:, 1].sum().backward()
+    assert torch.equal(Q.grad, torch.zeros_like(Q)) and torch.equal(C.grad, torch.zeros_like(C))
+    Q.grad = C.grad = None
+    assert_gradients_match(
+        score,
+        lambda q, c: maxsim_residual_reference(q, codes, residuals, lengths, c, weights, 4,
+                                               normalize=False),
+        [Q, C], generator=rng, names=["Q", "centroids"],
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="zero-length document"):
+        maxsim_residual(Q, codes, residuals, lengths, centroids, weights, 4, backend=backend)
+
+
 def test_wrappers_read_the_collection_values_once(rng, monkeypatch):
     """The wrappers check codes and lengths under their own names; for inference the fused op
     must not read the same values back again (one more host synchronisation). With gradients it

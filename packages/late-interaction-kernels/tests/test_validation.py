@@ -30,7 +30,8 @@ def test_mismatched_embedding_size(rng, device):
 @pytest.mark.parametrize(
     ("q_shape", "d_shape", "match"),
     [
-        ((5, 16), (3, 7, 16), "Q must be"),
+        ((16,), (3, 7, 16), "Q must be"),
+        ((1, 2, 5, 16), (3, 7, 16), "Q must be"),
         ((2, 5, 16), (7, 16), "D must be"),
         ((2, 5, 16), (1, 2, 3, 7, 16), "D must be"),
         ((2, 5, 16), (3, 4, 7, 16), "4-D D must be"),
@@ -60,6 +61,31 @@ def test_masks_of_wrong_shape_or_dtype(rng, device):
     D4 = randn((2, 3, 7, 16), generator=rng, device=device)
     with pytest.raises(ValueError, match=r"d_mask must have shape \(2, 3, 7\)"):
         maxsim(Q, D4, d_mask=torch.ones(3, 7, dtype=torch.bool, device=device))
+
+
+def test_errors_keep_the_published_key_phrases(rng, device):
+    """0.4.5's wording, which callers' ``pytest.raises(match=...)`` looks for, in our messages
+    for the same situations (which still name the argument and the expected shape)."""
+    Q, D = _qd(rng, device, nq=3)
+    D4 = randn((5, 2, 7, 16), generator=rng, device=device)
+    with pytest.raises(ValueError, match=r"D\.shape\[0\] == Q\.shape\[0\]") as info:
+        maxsim(Q, D4)
+    assert "(Nq, K, Ld, d)" in str(info.value)
+    with pytest.raises(ValueError, match=r"Q\.shape\[0\] == D\.shape\[0\]") as info:
+        maxsim_pairs(Q, D[:2])
+    assert "same number of pairs" in str(info.value)
+    with pytest.raises(ValueError, match="needs Q to be") as info:
+        maxsim(Q[0], D4)
+    assert "Q must be (Nq, Lq, d)" in str(info.value)
+    with pytest.raises(ValueError, match="q_mask must be") as info:
+        maxsim(Q, D4[:3], q_mask=torch.ones(3, 6, dtype=torch.bool, device=device))
+    assert "q_mask must have shape (3, 5)" in str(info.value)
+    with pytest.raises(ValueError, match="q_mask must be"):
+        maxsim(Q[0], D, q_mask=torch.ones(6, dtype=torch.bool, device=device))
+    for q, d, name in [(Q[0], D, "Q"), (Q, D[0], "D")]:
+        with pytest.raises(ValueError, match=r"\[B, L, d\]") as info:
+            maxsim_pairs(q, d)
+        assert f"{name} must be (B, L" in str(info.value)
 
 
 def test_mixed_dtypes_and_unsupported_dtypes(rng, device):

@@ -39,9 +39,10 @@ def maxsim(
     """MaxSim scores with the callers' reference semantics.
 
     Args:
-        Q: ``(Nq, Lq, d)``, zero-padded.
+        Q: ``(Nq, Lq, d)``, zero-padded, or one query ``(Lq, d)`` (scores without the query axis).
         D: ``(Nd, Ld, d)`` for the in-batch grid, or ``(Nq, K, Ld, d)`` for per-query candidates.
-        q_mask: bool or 0/1 ``(Nq, Lq)``; masked query tokens add 0. ``None``: zero rows add 0.
+        q_mask: bool or 0/1 ``(Nq, Lq)`` (``(Lq,)`` for one query); masked query tokens add 0.
+            ``None``: zero rows add 0.
         d_mask: bool or 0/1 ``(Nd, Ld)`` / ``(Nq, K, Ld)``; masked document tokens count as
             similarity 0. ``None``: zero rows are padding, which also counts as similarity 0.
         normalize: L2-normalise every token first.

@@ -38,7 +38,11 @@ def check_mask(name: str, mask, shape: tuple[int, ...]) -> torch.Tensor | None:
     if mask.dtype != torch.bool:
         raise TypeError(f"{name} must be a bool tensor (True = valid token), got {mask.dtype}")
     if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(mask.shape)}")
+        # "must be" too: 0.4.5's wording, which callers' error matching looks for
+        raise ValueError(
+            f"{name} must have shape {tuple(shape)}, got {tuple(mask.shape)}: {name} must be "
+            "one flag per token"
+        )
     return mask.contiguous()
 
 

@@ -32,7 +32,8 @@ def maxsim(
     """Late-interaction (ColBERT) scores: for each query token the best document token, summed.
 
     Args:
-        Q: queries ``(Nq, Lq, d)``.
+        Q: queries ``(Nq, Lq, d)``, or one query ``(Lq, d)`` against ``D (Nd, Ld, d)``: scores
+            ``(Nd,)``, and ``q_mask`` may be ``(Lq,)``.
         D: documents ``(Nd, Ld, d)`` — every query against every document, scores ``(Nq, Nd)`` —
             or ``(Nq, K, Ld, d)`` — each query against its own K documents, scores ``(Nq, K)``.
         q_mask: bool ``(Nq, Lq)``, True = valid token; masked query tokens contribute 0.
@@ -54,6 +55,13 @@ def maxsim(
     eligible call is looked at, and ``LIK_SUPPRESS_NORM_WARN=1`` silences it. See
     :mod:`.norm_check` for which call that is and why a warm call never pays a host read for it.
     """
+    if _one_query_call(Q, D):
+        # one query, the usual inference call (0.4.5 takes it): score it as a batch of one
+        Q, q_mask = _one_query(Q, q_mask)
+        scores = maxsim(
+            Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
+        )
+        return scores.squeeze(0)
     if torch.compiler.is_compiling():
         backend = _traced_backend(Q, backend)
     elif not normalize and NORM_CHECK.pending:
@@ -61,6 +69,20 @@ def maxsim(
     method = "auto" if backward is None else backward
     return MAXSIM(Q, D, q_mask, d_mask, None, None, normalize=normalize, backward=method,
                   backend=backend)  # fmt: skip
+
+
+def _one_query_call(Q, D) -> bool:
+    """``Q (Lq, d)`` against 3-D documents; with a 4-D ``D`` a 2-D ``Q`` is refused, as in 0.4.5."""
+    two_d = isinstance(Q, torch.Tensor) and Q.dim() == 2
+    return two_d and not (isinstance(D, torch.Tensor) and D.dim() == 4)
+
+
+def _one_query(Q: torch.Tensor, q_mask):
+    """``Q (Lq, d)`` as ``(1, Lq, d)``; its mask may be ``(Lq,)`` (as 0.4.5 takes it) or
+    ``(1, Lq)``."""
+    if isinstance(q_mask, torch.Tensor) and q_mask.dim() == 1:
+        q_mask = q_mask.unsqueeze(0)
+    return Q.unsqueeze(0), q_mask
 
 
 def maxsim_unchecked(

@@ -100,9 +100,12 @@ def _degenerate(layout, nq, nd, lq, ld) -> bool:
     return layout < VARLEN and min(nq, nd, lq, ld) == 0
 
 
+# The messages keep 0.4.5's key phrases ("needs Q to be", "[B, L, d]", "D.shape[0] ==
+# Q.shape[0]"), which callers' error matching looks for.
+_PAIRS_RANKS = "maxsim_pairs needs both Q and D to be [B, L, d]"
 _PADDED_SHAPES = {
     ALL_PAIRS: ("(Nq, Lq, d)", (3, 4), "(Nd, Ld, d) or (Nq, K, Ld, d)"),
-    PAIRS: ("(B, Lq, d)", 3, "(B, Ld, d)"),
+    PAIRS: (f"(B, Lq, d): {_PAIRS_RANKS}", 3, f"(B, Ld, d): {_PAIRS_RANKS}"),
 }
 
 
@@ -112,15 +115,22 @@ def _check(call) -> None:
         return
     Q, D = call["Q"], call["D"]
     q_text, d_ranks, d_text = _PADDED_SHAPES[call["layout"]]
+    if call["layout"] == ALL_PAIRS and isinstance(D, torch.Tensor) and D.dim() == 4:
+        # a single query is taken with 3-D documents only: with candidate lists its Nq is unclear
+        q_text += ": a 4-D D needs Q to be 3-D, one query per candidate list"
     check_tensor("Q", Q, 3, q_text)
     check_tensor("D", D, d_ranks, d_text)
     check_pair(Q, D)
     nq, lq = Q.shape[:2]
     if call["layout"] == PAIRS and D.shape[0] != nq:
-        raise ValueError(f"Q and D must hold the same number of pairs B; got {nq} and {D.shape[0]}")
+        raise ValueError(
+            f"Q and D must hold the same number of pairs B (maxsim_pairs needs Q.shape[0] == "
+            f"D.shape[0]); got {nq} and {D.shape[0]}"
+        )
     if D.dim() == 4 and D.shape[0] != nq:
         raise ValueError(
-            f"a 4-D D must be (Nq, K, Ld, d) with Nq={nq} from Q; got shape {tuple(D.shape)}"
+            f"a 4-D D must be (Nq, K, Ld, d) with Nq={nq} from Q (needs D.shape[0] == Q.shape[0]); "
+            f"got shape {tuple(D.shape)}"
         )
     check_mask("q_mask", call["q_mask"], (nq, lq))
     check_mask("d_mask", call["d_mask"], tuple(D.shape[:-1]))

@@ -79,7 +79,9 @@ def maxsim_residual(
 
     Returns:
         float32 ``(Nq, Nd)`` (``(Nd,)`` for a 2-D ``Q``), differentiable in ``Q``. An empty
-        document scores 0 and raises ``ValueError`` when ``Q`` requires grad.
+        document scores 0; when ``Q`` requires grad, ``normalize=True`` (the fused kernel, which
+        has no winner to send a gradient to) raises ``ValueError``, and ``normalize=False``
+        passes it exactly zero gradient.
     """
     Q, squeeze = check_common(Q, residuals, centroids, bucket_weights, nbits)
     names = ("codes", "residuals", "doc_lengths")
