@@ -151,7 +151,7 @@ def test_fused_and_torch_paths_agree(rng, device):
 
 
 def test_fused_path_never_projects_the_documents(rng, monkeypatch, device):
-    import late_interaction_kernels.ops.maxsim_from_hidden.dispatch as module
+    import late_interaction_kernels.ops.maxsim_from_hidden.torch_path as module
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the Triton path built the projected documents")
@@ -270,7 +270,7 @@ def test_fullgraph_compile_of_the_fused_path(rng):
 
 def test_fused_none_picks_by_measured_speed(rng, monkeypatch, device):
     """Inference with few query rows takes the fused kernel; training takes the chunks."""
-    import late_interaction_kernels.ops.maxsim_from_hidden.dispatch as module
+    import late_interaction_kernels.ops.maxsim_from_hidden.torch_path as module
 
     calls = []
     real = module.project

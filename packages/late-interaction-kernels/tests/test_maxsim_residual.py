@@ -147,7 +147,7 @@ def test_fused_and_torch_paths_agree(rng, device):
 
 
 def test_fused_path_never_decompresses_the_collection(rng, monkeypatch, device):
-    import late_interaction_kernels.ops.maxsim_residual.dispatch as module
+    import late_interaction_kernels.ops.maxsim_residual.torch_path as module
 
     def forbidden(*args, **kwargs):
         raise AssertionError("the Triton path decompressed the collection in PyTorch")

@@ -6,7 +6,7 @@ The functions live in :mod:`.dispatch`, the declaration in :mod:`.op`, its host 
 """
 
 from .dispatch import maxsim, maxsim_pairs, maxsim_unchecked, maxsim_varlen
-from .op import AUTO_LOWMEM_MIN_PAIRS, BACKWARD_METHODS, resolve_backward
+from .routing import AUTO_LOWMEM_MIN_PAIRS, BACKWARD_METHODS, resolve_backward
 
 __all__ = [
     "AUTO_LOWMEM_MIN_PAIRS",

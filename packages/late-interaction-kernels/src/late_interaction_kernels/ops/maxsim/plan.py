@@ -23,7 +23,7 @@ from .forward import (
     maxsim_fwd_query_group_kernel,
     maxsim_fwd_tma_kernel,
 )
-from .op import resolve_backward, sizes
+from .routing import resolve_backward, sizes
 
 #: Queries longer than this are scored in chunks of :data:`QUERY_CHUNK` tokens.
 LONG_QUERY_THRESHOLD = 512

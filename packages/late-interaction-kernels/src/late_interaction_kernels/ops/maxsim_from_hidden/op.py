@@ -157,7 +157,7 @@ def _plan(call):
 
 
 def _reference(Q, H_d, W, b, d_mask, q_mask, *, normalize, chunk_size, **_):
-    from .dispatch import score_in_chunks
+    from .torch_path import score_in_chunks  # imports maxsim: only when it runs
 
     return score_in_chunks(Q, H_d, W, b, d_mask, q_mask, normalize, chunk_size, "torch")
 

@@ -95,7 +95,7 @@ def _plan(call):
 
 
 def _reference(Q, q_mask, centroids, codes, packed, weights, doclens, *, nbits, chunk_size, **_):
-    from .dispatch import decompress_and_score
+    from .torch_path import decompress_and_score  # imports maxsim: only when it runs
 
     return decompress_and_score(
         Q, centroids, codes, packed, weights, doclens, nbits, q_mask, chunk_size, "torch"
