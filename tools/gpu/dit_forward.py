@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -40,17 +39,11 @@ def make_inputs(rows, frames, cond_len, adapter, *, padded=False, seed=0):
     return x, t, states, mask, frame_mask
 
 
-def timed(fn, rep=400):
-    import triton.testing
+def timed(fn):
+    """(do_bench median ms, wall ms per call over 10 back-to-back calls)."""
+    from triton_dispatch.bench import median_ms, wall_ms_per_call
 
-    ms = triton.testing.do_bench(fn, rep=rep)
-    torch.cuda.synchronize()
-    n = 10
-    start = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return ms, (time.perf_counter() - start) / n * 1e3
+    return median_ms(fn, device="cuda", rep=400), wall_ms_per_call(fn, device="cuda", calls=10)
 
 
 def first_call(frames: int, rows: int, mode: str) -> dict:

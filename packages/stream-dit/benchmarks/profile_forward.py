@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -31,7 +30,14 @@ from stream_dit.engines import TorchEngine
 from stream_dit.engines.torch_engine import MODES
 from stream_dit.model import MODELS, build_denoiser, default_preset
 from stream_dit.profiler import dense_gemm_rate, format_profile, linear_flops, profile_forward
-from triton_dispatch.bench import BenchRecord, benchmark_arguments, environment, report
+from triton_dispatch.bench import (
+    BenchRecord,
+    benchmark_arguments,
+    environment,
+    median_ms,
+    report,
+    wall_ms_per_call,
+)
 
 
 def _inputs(engine: TorchEngine, rows: int, frames: int, cond_len: int) -> tuple:
@@ -45,19 +51,15 @@ def _inputs(engine: TorchEngine, rows: int, frames: int, cond_len: int) -> tuple
 
 
 def _timed(engine: TorchEngine, rows: int, frames: int, cond_len: int) -> tuple[float, float]:
-    """(do_bench median ms, wall ms per call over 10 calls) of one forward."""
-    if engine.device.type != "cuda":
-        return float("nan"), float("nan")
-    import triton.testing
-
+    """(median ms, wall ms per call over 10 back-to-back calls) of one forward."""
     inputs = _inputs(engine, rows, frames, cond_len)
-    ms = float(triton.testing.do_bench(lambda: engine.forward(*inputs), rep=300))
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(10):
-        engine.forward(*inputs)
-    torch.cuda.synchronize()
-    return ms, (time.perf_counter() - start) * 100.0
+    on_gpu = engine.device.type == "cuda"
+
+    def forward():
+        return engine.forward(*inputs)
+
+    ms = median_ms(forward, device=engine.device, rep=300 if on_gpu else 5)
+    return ms, wall_ms_per_call(forward, device=engine.device, calls=10, warmup=2)
 
 
 def main() -> None:
