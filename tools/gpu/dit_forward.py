@@ -22,6 +22,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 for src in ("shared/triton-dispatch/src", "packages/stream-dit/src"):
     sys.path.insert(0, str(ROOT / src))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dit_gemm_sweeps import cross_sweep, gate_up_sweep  # noqa: E402
 
 
 def make_inputs(rows, frames, cond_len, adapter, *, padded=False, seed=0):
@@ -316,7 +319,9 @@ def main() -> None:
     ap.add_argument("--modes", default="eager,graphs")
     ap.add_argument("--first-call", default="eager,graphs")
     ap.add_argument("--profile", action="store_true")
-    ap.add_argument("--sweeps", default="", help="launch-config sweeps: attention,pointwise")
+    ap.add_argument("--sweeps", default="",
+                    help="launch-config sweeps: attention,pointwise,gate_up,cross")
+
     ap.add_argument("--skip-parity", action="store_true")
     ap.add_argument("--fused-only", action="store_true", help="skip diffusers' blocks")
     args = ap.parse_args()
@@ -336,6 +341,10 @@ def main() -> None:
         result["attention_sweep"] = attention_sweep()
     if "pointwise" in args.sweeps:
         result["pointwise_sweep"] = pointwise_sweep()
+    if "gate_up" in args.sweeps:
+        result["gate_up_sweep"] = gate_up_sweep()
+    if "cross" in args.sweeps:
+        result["cross_sweep"] = cross_sweep()
     adapter = build_denoiser("ace-step", "published", device="cuda", dtype=torch.bfloat16)
 
     if not args.skip_parity:

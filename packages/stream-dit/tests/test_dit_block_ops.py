@@ -139,6 +139,8 @@ def _qkv(rng, b, n, m, heads, kv_heads, d, device, dtype):
 @pytest.mark.parametrize("window", [-1, 0, 5, 40])
 @pytest.mark.parametrize("masked", [False, True])
 def test_attention_matches_float64(rng, device, dtype, window, masked):
+    """37 tokens: up to a window of 36 the flash kernel's banded blocks, past it the few-keys
+    kernel (every key in one tile); see the test below for many keys without a window."""
     b, n, heads, kv_heads, d = 2, 37, 4, 2, 16
     q, k, v = _qkv(rng, b, n, n, heads, kv_heads, d, device, dtype)
     mask = None
@@ -151,6 +153,16 @@ def test_attention_matches_float64(rng, device, dtype, window, masked):
                               window=window)  # fmt: skip
     assert out.is_contiguous() and out.shape == q.shape
     assert_close(out, ref, dtype=dtype)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_many_keys_without_window_matches_float64(rng, device, masked):
+    """More keys than one tile holds and no window: the flash kernel's online softmax."""
+    q, k, v = _qkv(rng, 1, 20, 140, 2, 1, 16, device, torch.float32)
+    mask = (torch.rand(1, 140, generator=rng) > 0.5).to(device) if masked else None
+    out = attention(q, k, v, mask, scale=0.3)
+    ref = attention_reference(*_f64(q, k, v), None if mask is None else mask.cpu(), scale=0.3)
+    assert_close(out, ref, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("norms", ["none", "q", "qk"])
@@ -219,11 +231,15 @@ def test_gpu_launches_compile_for_sm90(rng):
         qk_norm_rotary_plan(Call(t, s, x.device, "triton")).forward(*t.values())
         t = dict(gate_up=torch.randn(2, 6, 2 * 6144).to(bf))
         swiglu_plan(Call(t, {}, x.device, "triton")).forward(*t.values())
-        for window, key_mask, weight in ((128, mask, None), (-1, mask, hw)):
-            t = dict(q=q, k=k, v=v, key_mask=key_mask, q_weight=weight, k_weight=weight)
+        # a window narrower than the 200 tokens (the flash kernel), then few keys with the norms
+        long = torch.randn(1, 200, 4096).to(bf)
+        lq, lk, lv = (p.unflatten(-1, (-1, 128)) for p in long.split([2048, 1024, 1024], -1))
+        for qkv_, window, key_mask, weight in (((lq, lk, lv), 128, None, None),
+                                               ((q, k, v), -1, mask, hw)):  # fmt: skip
+            t = dict(zip("qkv", qkv_), key_mask=key_mask, q_weight=weight, k_weight=weight)
             s = dict(scale=128**-0.5, window=window, eps=1e-6)
             attention_plan(Call(t, s, x.device, "triton")).forward(*t.values())
     names = sorted({name for _, name, _ in calls})
-    assert names == ["_adaln_rms_norm_kernel", "_attention_kernel", "_qk_norm_rotary_kernel",
-                     "_swiglu_kernel"]  # fmt: skip
+    assert names == ["_adaln_rms_norm_kernel", "_attention_kernel", "_few_keys_attention_kernel",
+                     "_qk_norm_rotary_kernel", "_swiglu_kernel"]  # fmt: skip
     assert compile_recorded(calls) == []
