@@ -269,7 +269,9 @@ def test_fullgraph_compile_of_the_fused_path(rng):
 
 
 def test_fused_none_picks_by_measured_speed(rng, monkeypatch, device):
-    """Inference with few query rows takes the fused kernel; training takes the chunks."""
+    """Few query rows take the fused kernel with and without gradients, returning the same bits
+    both ways (the published 0.4.5's promise); many rows take the chunks."""
+    import late_interaction_kernels.ops.maxsim_from_hidden.dispatch as dispatch
     import late_interaction_kernels.ops.maxsim_from_hidden.torch_path as module
 
     calls = []
@@ -277,10 +279,16 @@ def test_fused_none_picks_by_measured_speed(rng, monkeypatch, device):
     monkeypatch.setattr(module, "project", lambda *a, **k: calls.append(1) or real(*a, **k))
     Q, H_d, W, b, d_mask, _ = _inputs(rng, shape=FUSED_SHAPE, device=device)
     with torch.no_grad():
-        maxsim_from_hidden(Q, H_d, W, b, d_mask)
+        inference = maxsim_from_hidden(Q, H_d, W, b, d_mask)
+    leaves = [t.clone().requires_grad_(True) for t in (Q, H_d, W, b)]
+    training = maxsim_from_hidden(*leaves, d_mask)
     assert not calls
-    leaves = [t.requires_grad_(True) for t in (Q, H_d, W, b)]
-    maxsim_from_hidden(*leaves, d_mask).sum().backward()
+    assert torch.equal(training.detach(), inference)
+    training.sum().backward()
+    assert all(t.grad is not None for t in leaves)
+    monkeypatch.setattr(dispatch, "FUSED_MAX_QUERY_ROWS", Q.shape[0] * Q.shape[1] - 1)
+    with torch.no_grad():
+        maxsim_from_hidden(Q, H_d, W, b, d_mask)
     assert calls
     with pytest.raises(TypeError, match="fused"):
         maxsim_from_hidden(Q, H_d, W, b, fused="yes")

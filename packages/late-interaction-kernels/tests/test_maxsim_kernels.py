@@ -122,6 +122,27 @@ def test_one_query_against_documents(rng, device, monkeypatch, method, mask):
     assert Q.grad.shape == Q.shape and D.grad.shape == D.shape
 
 
+@pytest.mark.parametrize("q_rank", [2, 3])
+def test_one_document(rng, device, q_rank):
+    """``D (Ld, d)`` is one document, as 0.4.5 takes it: its axis is dropped from the scores (a
+    0-dim score for one query against it); its mask may be ``(Ld,)``; gradients in the inputs'
+    shapes."""
+    q_shape = (13, 32) if q_rank == 2 else (3, 13, 32)
+    Q, D = _inputs(rng, device, q_shape, (21, 32))
+    dm = rand_mask((1, 21), generator=rng, device=device)
+    out = maxsim(Q, D, None, dm[0])
+    assert out.shape == (() if q_rank == 2 else (3,))
+    assert_gradients_match(
+        lambda q, d: maxsim(q, d, None, dm[0]),
+        lambda q, d: maxsim_reference(q if q_rank == 3 else q[None], d[None], None, dm)[..., 0]
+        .reshape(out.shape),
+        [Q, D],
+        generator=rng,
+        names=["Q", "D"],
+    )
+    assert Q.grad.shape == Q.shape and D.grad.shape == D.shape
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_pairs(rng, device, monkeypatch, method):
     method = _method(monkeypatch, method)

@@ -107,6 +107,7 @@ def maxsim_across_ranks(
             at fault, so that no rank is left waiting in a collective).
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        _validate(Q, D, q_mask, d_mask, normalize)  # the ranks' rules, with one rank too
         scores = maxsim(
             Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
         )
@@ -121,19 +122,24 @@ def maxsim_across_ranks(
     return (scores, layout.offset) if return_offset else scores
 
 
+def _validate(Q, D, q_mask, d_mask, normalize) -> None:
+    """One rank's arguments: ``ValueError`` / ``TypeError`` naming the bad one."""
+    _check_tensor("Q", Q, 3, "(Nq, Lq, d)")
+    _check_tensor("D", D, 3, "(Nd, Ld, d)")
+    _check_pair(Q, D)
+    _check_mask("q_mask", q_mask, tuple(Q.shape[:2]))
+    _check_mask("d_mask", d_mask, tuple(D.shape[:2]))
+    if not isinstance(normalize, bool):
+        raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+    if Q.device != D.device:
+        raise ValueError(f"Q and D must be on one device; got {Q.device} and {D.device}")
+
+
 def _local_info(Q, D, q_mask, d_mask, normalize, grad) -> tuple[list[int], str]:
     """This rank's entry of the size exchange, and its validation error (``""`` if none)."""
     info = dict.fromkeys(_FIELDS, 0)
     try:
-        _check_tensor("Q", Q, 3, "(Nq, Lq, d)")
-        _check_tensor("D", D, 3, "(Nd, Ld, d)")
-        _check_pair(Q, D)
-        _check_mask("q_mask", q_mask, tuple(Q.shape[:2]))
-        _check_mask("d_mask", d_mask, tuple(D.shape[:2]))
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
-        if Q.device != D.device:
-            raise ValueError(f"Q and D must be on one device; got {Q.device} and {D.device}")
+        _validate(Q, D, q_mask, d_mask, normalize)
     except (TypeError, ValueError) as exc:
         info["error"] = 1
         return list(info.values()), f"{type(exc).__name__}: {exc}"

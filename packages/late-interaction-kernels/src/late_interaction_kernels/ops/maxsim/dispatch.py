@@ -32,10 +32,12 @@ def maxsim(
     """Late-interaction (ColBERT) scores: for each query token the best document token, summed.
 
     Args:
-        Q: queries ``(Nq, Lq, d)``, or one query ``(Lq, d)`` against ``D (Nd, Ld, d)``: scores
-            ``(Nd,)``, and ``q_mask`` may be ``(Lq,)``.
+        Q: queries ``(Nq, Lq, d)``, or one query ``(Lq, d)`` (its axis is dropped from the
+            scores, and ``q_mask`` may be ``(Lq,)``).
         D: documents ``(Nd, Ld, d)`` — every query against every document, scores ``(Nq, Nd)`` —
-            or ``(Nq, K, Ld, d)`` — each query against its own K documents, scores ``(Nq, K)``.
+            or one document ``(Ld, d)`` (its axis dropped; ``d_mask`` may be ``(Ld,)``; one
+            query against one document scores a 0-dim tensor), or ``(Nq, K, Ld, d)`` — each
+            query against its own K documents, scores ``(Nq, K)``.
         q_mask: bool ``(Nq, Lq)``, True = valid token; masked query tokens contribute 0.
         d_mask: bool ``(Nd, Ld)`` or ``(Nq, K, Ld)``; masked document tokens never win; a document
             without a valid token scores 0 and gets no gradient.
@@ -55,13 +57,16 @@ def maxsim(
     eligible call is looked at, and ``LIK_SUPPRESS_NORM_WARN=1`` silences it. See
     :mod:`.norm_check` for which call that is and why a warm call never pays a host read for it.
     """
-    if _one_query_call(Q, D):
-        # one query, the usual inference call (0.4.5 takes it): score it as a batch of one
-        Q, q_mask = _one_query(Q, q_mask)
+    one_query, one_doc = _single(Q, D)
+    if one_query or one_doc:
+        # one query (the usual inference call) or one document, as 0.4.5 takes them: scored as
+        # a batch of one, whose axis the result drops
+        Q, q_mask = _batch_of_one(Q, q_mask, one_query)
+        D, d_mask = _batch_of_one(D, d_mask, one_doc)
         scores = maxsim(
             Q, D, q_mask, d_mask, normalize=normalize, backward=backward, backend=backend
         )
-        return scores.squeeze(0)
+        return scores[0 if one_query else slice(None), 0 if one_doc else slice(None)]
     if torch.compiler.is_compiling():
         backend = _traced_backend(Q, backend)
     elif not normalize and NORM_CHECK.pending:
@@ -71,18 +76,21 @@ def maxsim(
                   backend=backend)  # fmt: skip
 
 
-def _one_query_call(Q, D) -> bool:
-    """``Q (Lq, d)`` against 3-D documents; with a 4-D ``D`` a 2-D ``Q`` is refused, as in 0.4.5."""
-    two_d = isinstance(Q, torch.Tensor) and Q.dim() == 2
-    return two_d and not (isinstance(D, torch.Tensor) and D.dim() == 4)
+def _single(Q, D) -> tuple[bool, bool]:
+    """Whether ``Q`` is one query ``(Lq, d)`` and ``D`` one document ``(Ld, d)``; with a 4-D
+    ``D`` (candidate lists) a 2-D ``Q`` is refused, as in 0.4.5."""
+    q_2d = isinstance(Q, torch.Tensor) and Q.dim() == 2
+    d_rank = D.dim() if isinstance(D, torch.Tensor) else 0
+    return q_2d and d_rank != 4, d_rank == 2 and (not isinstance(Q, torch.Tensor) or Q.dim() <= 3)
 
 
-def _one_query(Q: torch.Tensor, q_mask):
-    """``Q (Lq, d)`` as ``(1, Lq, d)``; its mask may be ``(Lq,)`` (as 0.4.5 takes it) or
-    ``(1, Lq)``."""
-    if isinstance(q_mask, torch.Tensor) and q_mask.dim() == 1:
-        q_mask = q_mask.unsqueeze(0)
-    return Q.unsqueeze(0), q_mask
+def _batch_of_one(x: torch.Tensor, mask, single: bool):
+    """``x (L, d)`` as ``(1, L, d)``; its mask may be ``(L,)`` (as 0.4.5 takes it) or ``(1, L)``."""
+    if not single:
+        return x, mask
+    if isinstance(mask, torch.Tensor) and mask.dim() == 1:
+        mask = mask.unsqueeze(0)
+    return x.unsqueeze(0), mask
 
 
 def maxsim_unchecked(

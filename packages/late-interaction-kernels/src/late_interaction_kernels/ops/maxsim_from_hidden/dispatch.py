@@ -12,12 +12,14 @@ from .op import DEFAULT_CHUNK_SIZE, FROM_HIDDEN, kernels_cover
 from .torch_path import score_in_chunks
 from .validation import validate
 
-#: ``fused=None`` runs the fused kernel for inference with at most this many query-token rows
-#: (``Nq * Lq``). On an H100 (BENCHMARKS.md) it beat projection + ``maxsim`` 1.7-1.8x for one query
-#: against 1000 documents, was within run-to-run noise of it at Nq = 64 (0.88x and 1.18x in two
-#: runs) and lost at Nq = 128, where each document tile is scored against many query rows and the
-#: separate GEMM projects more efficiently; with gradients the chunked composition was faster too
-#: (the fused backward recomputes the projection anyway).
+#: ``fused=None`` runs the fused kernel with at most this many query-token rows (``Nq * Lq``). On
+#: an H100 (BENCHMARKS.md) it beat projection + ``maxsim`` 1.7-1.8x for one query against 1000
+#: documents, was within run-to-run noise of it at Nq = 64 (0.88x and 1.18x in two runs) and lost
+#: at Nq = 128, where each document tile is scored against many query rows and the separate GEMM
+#: projects more efficiently. The choice does not depend on whether gradients are needed, so a
+#: call returns the same bits with and without autograd (as the published 0.4.5 does); with
+#: gradients the chunked composition would be faster at these sizes (the fused backward
+#: recomputes the projection), and ``fused=False`` asks for it.
 FUSED_MAX_QUERY_ROWS = 512
 
 
@@ -51,8 +53,9 @@ def maxsim_from_hidden(
         backend: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
         fused: on the Triton backend, ``True`` runs the fused kernel (the projected documents
             are never written), ``False`` projects one chunk of documents at a time and scores
-            it with :func:`maxsim`; ``None`` picks by measured speed: the fused kernel for
-            inference with up to :data:`FUSED_MAX_QUERY_ROWS` query rows, else chunks.
+            it with :func:`maxsim`; ``None`` picks by measured speed: the fused kernel with up
+            to :data:`FUSED_MAX_QUERY_ROWS` query rows, else chunks, whether or not gradients
+            are needed (the scores are the same bits with and without autograd).
 
     Returns:
         float32 scores ``(Nq, Nd)``.
@@ -63,12 +66,9 @@ def maxsim_from_hidden(
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
     if fused is not None and not isinstance(fused, bool):
         raise TypeError(f"fused must be None or a bool, got {type(fused).__name__}")
-    needs_grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (Q, H_d, W, b)
-    )
     chosen = select_backend(device=common_device([Q, H_d]), backend=backend)
     if fused is None:
-        fused = not needs_grad and Q.shape[0] * Q.shape[1] <= FUSED_MAX_QUERY_ROWS
+        fused = Q.shape[0] * Q.shape[1] <= FUSED_MAX_QUERY_ROWS
     if fused and uses_triton(chosen) and kernels_cover(Q, H_d):
         return FROM_HIDDEN(
             Q.contiguous(), H_d.contiguous(), W.contiguous(), None if b is None else b.contiguous(),
