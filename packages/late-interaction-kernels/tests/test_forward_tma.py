@@ -130,7 +130,7 @@ def per_tile_reduction(monkeypatch):
     """The generic kernels with ``TILE_MAX=False`` (a row max per tile), which the autotuner may
     pick on a GPU; the interpreter's one config has the tile-wide running max."""
     for kernel, blocks in (
-        (forward.maxsim_fwd_kernel, {"BLOCK_Q": 16, "BLOCK_D": 16}),
+        (forward.maxsim_fwd_kernel, {"BLOCK_Q": 16, "BLOCK_D": 16, "ONE_LOOP": False}),
         (forward.maxsim_fwd_query_group_kernel, {"BLOCK_Q": 64, "BLOCK_D": 16}),
     ):
         config = triton.Config({**blocks, "TILE_MAX": False}, num_warps=4, num_stages=1)

@@ -32,7 +32,7 @@ def test_mismatched_embedding_size(rng, device):
     [
         ((16,), (3, 7, 16), "Q must be"),
         ((1, 2, 5, 16), (3, 7, 16), "Q must be"),
-        ((2, 5, 16), (7, 16), "D must be"),
+        ((2, 5, 16), (16,), "D must be"),  # (Ld, d) is one document, as in 0.4.5
         ((2, 5, 16), (1, 2, 3, 7, 16), "D must be"),
         ((2, 5, 16), (3, 4, 7, 16), "4-D D must be"),
     ],

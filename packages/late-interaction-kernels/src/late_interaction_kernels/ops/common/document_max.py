@@ -94,19 +94,20 @@ def best_over_document(
     TMA: tl.constexpr, HAS_DM: tl.constexpr, SAVE_ARGMAX: tl.constexpr, UPCAST: tl.constexpr,
     NORMALIZE: tl.constexpr, NORM_EPS: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
     DYNAMIC_BOUNDS: tl.constexpr, TILE_MAX: tl.constexpr, BLOCK_Q: tl.constexpr,
-    BLOCK_D: tl.constexpr,
+    BLOCK_D: tl.constexpr, ONE_LOOP: tl.constexpr = False,
 ):  # fmt: skip
     """Each query row's best similarity over one document's tokens (``-inf`` when no token is
     valid) and, with ``SAVE_ARGMAX``, the first column reaching it. On the GPU the document's full
     tiles run unmasked and only a last partial tile is masked; the interpreter (static loop
-    bounds) masks every tile."""
+    bounds) masks every tile. ``ONE_LOOP``: every tile masked in one loop, so the last tile's
+    load is pipelined with the others (read-bound shapes: few query rows per document)."""
     if TILE_MAX:
         best = tl.full((BLOCK_Q, BLOCK_D), float("-inf"), dtype=tl.float32)
         best_col = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.int32)
     else:
         best = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)
         best_col = tl.zeros((BLOCK_Q,), dtype=tl.int32)
-    if DYNAMIC_BOUNDS:
+    if DYNAMIC_BOUNDS and not ONE_LOOP:
         d_full = (d_len // BLOCK_D) * BLOCK_D
     else:
         d_full = 0
