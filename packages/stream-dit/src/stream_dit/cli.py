@@ -56,26 +56,6 @@ def _decoder_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-batch", type=int, default=1, help="windows per decoder call")
 
 
-def _build_decoder(args: argparse.Namespace, dtype: torch.dtype, latent_channels: int):
-    from .decode.registry import build_audio_decoder
-
-    return build_audio_decoder(
-        args.vae,
-        model=args.model,
-        preset=args.preset,
-        seed=args.seed,
-        device=args.device,
-        dtype=dtype,
-        mode=args.decoder_mode,
-        window=args.decode_window,
-        context=args.decode_context,
-        crossfade=args.decode_crossfade,
-        window_align=args.decode_align,
-        batch_windows=args.decode_batch,
-        latent_channels=latent_channels,
-    )
-
-
 def _device_default() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -109,6 +89,18 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _limit_overrides(args: argparse.Namespace) -> dict:
+    """The server limits the serve flags set (``None``: the default)."""
+    return {
+        "max_steps": args.max_steps,
+        "max_curve_len": args.max_curve_len,
+        "max_body_bytes": args.max_body_bytes,
+        "request_timeout_s": args.request_timeout,
+        "retry_after_s": args.retry_after,
+        "max_uploads": args.max_uploads,
+    }
+
+
 def _serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
@@ -120,52 +112,17 @@ def _serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    from .engines import TorchEngine
-    from .model import build_denoiser
-    from .session import StreamSession
-    from .warmup import forward_shapes, warmup
+    from .session_spec import SessionSpec, build_session, warmup_of
 
-    dtype = getattr(
-        torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    )
-    model = build_denoiser(args.model, args.preset, seed=args.seed, device=args.device, dtype=dtype)
-    engine = TorchEngine(
-        model,
-        max_batch=2 * args.depth,
-        max_frames=args.max_frames,
-        max_cond_len=args.max_cond_len,
-        mode=args.engine_mode,
-    )
+    spec = SessionSpec.from_values(args)
+    if args.ray:
+        return _serve_ray(args, spec)
     try:
-        decoder = _build_decoder(args, dtype, model.latent_channels)
+        session = build_session(spec)
     except (ValueError, TypeError, ImportError) as exc:
         print(f"stream-dit serve: {exc}", file=sys.stderr)
         return 2
-    session = StreamSession(
-        model, engine, depth=args.depth, max_queue=args.max_queue, decoder=decoder
-    )
-    if args.warmup:
-        try:  # bad warm-up shapes are refused here, not on the server's warm-up thread
-            forward_shapes(session, frames=args.warmup_frames, cond_lens=args.warmup_cond_len)
-        except (ValueError, TypeError) as exc:
-            print(f"stream-dit serve: {exc}", file=sys.stderr)
-            return 2
-
-    def warm(session: StreamSession):
-        report = warmup(session, frames=args.warmup_frames, cond_lens=args.warmup_cond_len)
-        print(report, file=sys.stderr, flush=True)
-        return report
-
-    app = create_app(
-        session,
-        warmup=warm if args.warmup else False,
-        max_steps=args.max_steps,
-        max_curve_len=args.max_curve_len,
-        max_body_bytes=args.max_body_bytes,
-        request_timeout_s=args.request_timeout,
-        retry_after_s=args.retry_after,
-        max_uploads=args.max_uploads,
-    )
+    app = create_app(session, warmup=warmup_of(spec) or False, **_limit_overrides(args))
     uvicorn.run(
         app,
         host=args.host,
@@ -174,6 +131,79 @@ def _serve(args: argparse.Namespace) -> int:
         limit_concurrency=args.max_connections,
     )
     return 0
+
+
+def _serve_ray(args: argparse.Namespace, spec) -> int:
+    if args.ray_address is None:  # a Ray of this machine alone: nothing listens on the network
+        from .ray_env import keep_ray_on_loopback
+
+        keep_ray_on_loopback()
+    try:
+        from .ray import RayServeOptions
+        from .ray.local import serve_until_stopped
+    except ImportError:
+        print(
+            "stream-dit serve --ray needs the ray extra: pip install 'stream-dit[ray]'",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        options = RayServeOptions(
+            spec=spec,
+            limits=_limit_overrides(args),
+            replicas=args.replicas,
+            min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas,
+            target_queue=args.target_queue,
+            gpus_per_replica=args.gpus_per_replica,
+            cpus_per_replica=args.cpus_per_replica,
+            torch_threads=args.torch_threads,
+        )
+    except (ValueError, TypeError) as exc:
+        print(f"stream-dit serve: {exc}", file=sys.stderr)
+        return 2
+    serve_until_stopped(
+        options, host=args.host, port=args.port, address=args.ray_address, num_cpus=args.ray_cpus
+    )
+    return 0
+
+
+def _ray_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("Ray Serve (extra ray): one replica per GPU behind one ingress")
+    g.add_argument(
+        "--ray", action="store_true",
+        help="serve through Ray Serve (stream_dit.ray): the same HTTP API, requests routed to "
+        "--replicas sessions by Ray Serve's router",
+    )  # fmt: skip
+    g.add_argument("--replicas", type=int, default=None, help="replicas (default 1; fixed count)")
+    g.add_argument(
+        "--min-replicas", type=int, default=None,
+        help="autoscale on queue length between --min-replicas and --max-replicas",
+    )  # fmt: skip
+    g.add_argument("--max-replicas", type=int, default=None)
+    g.add_argument(
+        "--target-queue", type=float, default=None,
+        help="requests in flight per replica the autoscaler aims at (default: --depth)",
+    )  # fmt: skip
+    g.add_argument(
+        "--gpus-per-replica", type=float, default=None,
+        help="GPUs each replica asks Ray for (default: 1 where the cluster has GPUs, else 0)",
+    )  # fmt: skip
+    g.add_argument(
+        "--cpus-per-replica", type=float, default=1.0, help="CPUs each replica asks Ray for"
+    )
+    g.add_argument(
+        "--torch-threads", type=int, default=None,
+        help="torch threads per replica (default: 1 on CPU replicas, torch's own on GPU ones)",
+    )  # fmt: skip
+    g.add_argument(
+        "--ray-address", default=None,
+        help="join this Ray cluster (e.g. auto); default: start Ray on this machine",
+    )  # fmt: skip
+    g.add_argument(
+        "--ray-cpus", type=int, default=None,
+        help="CPUs of the Ray started on this machine (default: all of them)",
+    )  # fmt: skip
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -289,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-cond-len)",
     )
     _decoder_arguments(s)
+    _ray_arguments(s)
     s.set_defaults(fn=_serve)
 
     d = sub.add_parser("demo", help="stream a handful of requests through a tiny model")

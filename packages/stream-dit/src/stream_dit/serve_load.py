@@ -1,11 +1,13 @@
 """Load test of ``stream-dit serve``: many concurrent clients, some careless, some hostile.
 
-:func:`run_load` starts a server in a subprocess on 127.0.0.1 (loopback only), sends ``clients``
+:func:`run_load` starts a server in a subprocess on 127.0.0.1 (loopback only; with ``ray``, the Ray
+Serve deployment of ``stream-dit serve --ray`` with ``replicas`` replicas), sends ``clients``
 concurrent requests over raw HTTP/1.1 (standard library only, so it runs wherever the server does):
 good ones with mixed frames and CFG on and off, some that disconnect mid-request or mid-upload,
 some malformed or oversized. It reports completed / 4xx / 5xx counts, latency percentiles, the
 server's RSS before and after, and checks every completed latent against the same request run alone
-on the idle server afterwards. Every wait is bounded; the server is stopped on the way out.
+on the idle server afterwards, and the throughput (completions per second of the load). Every wait
+is bounded; the server is stopped on the way out.
 """
 
 from __future__ import annotations
@@ -51,6 +53,10 @@ class LoadConfig:
     startup_timeout_s: float = 120.0
     atol: float = 1e-4
     rtol: float = 1e-4
+    ray: bool = False
+    replicas: int = 1
+    ray_cpus: int | None = None
+    torch_threads: int | None = None
 
 
 @dataclass
@@ -71,6 +77,11 @@ class LoadResult:
     server_counts: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
 
+    @property
+    def completions_per_s(self) -> float:
+        """Requests answered 200 per second of the load (retries after a 503 included)."""
+        return self.completed / self.wall_s if self.wall_s > 0 else 0.0
+
     def table(self) -> str:
         rows = [
             ("clients", self.config["clients"]),
@@ -87,6 +98,7 @@ class LoadResult:
             ("server RSS before / after MB", f"{self.rss_before_mb} / {self.rss_after_mb}"),
             ("results != alone (max |diff|)", f"{self.mismatched} ({self.max_abs_diff:.2e})"),
             ("wall s", f"{self.wall_s:.1f}"),
+            ("completions / s", f"{self.completions_per_s:.2f}"),
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
@@ -323,6 +335,19 @@ def free_port() -> int:
 
 
 def server_command(cfg: LoadConfig, port: int) -> list[str]:
+    return _single_server_command(cfg, port) + (_ray_flags(cfg) if cfg.ray else [])
+
+
+def _ray_flags(cfg: LoadConfig) -> list[str]:
+    flags = ["--ray", "--replicas", str(cfg.replicas)]
+    if cfg.ray_cpus is not None:
+        flags += ["--ray-cpus", str(cfg.ray_cpus)]
+    if cfg.torch_threads is not None:
+        flags += ["--torch-threads", str(cfg.torch_threads)]
+    return flags
+
+
+def _single_server_command(cfg: LoadConfig, port: int) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -353,13 +378,15 @@ def server_command(cfg: LoadConfig, port: int) -> list[str]:
     ]
 
 
-def _wait_ready(proc: subprocess.Popen, port: int, timeout: float) -> None:
+def _wait_ready(proc: subprocess.Popen, port: int, timeout: float, replicas: int = 1) -> None:
+    """Until ``/health`` reports ready (and, behind Ray Serve, ``replicas`` replicas ready)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with {proc.returncode}")
         try:
-            if asyncio.run(_health(port))["ready"]:
+            h = asyncio.run(_health(port))
+            if h["ready"] and h.get("replicas_ready", replicas) >= replicas:
                 return
         except (OSError, asyncio.TimeoutError, ValueError, KeyError, IndexError):
             pass
@@ -375,12 +402,13 @@ def run_load(cfg: LoadConfig) -> LoadResult:
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     proc = subprocess.Popen(server_command(cfg, port), env=env)
     try:
-        _wait_ready(proc, port, cfg.startup_timeout_s)
+        _wait_ready(proc, port, cfg.startup_timeout_s, cfg.replicas if cfg.ray else 1)
         return asyncio.run(_drive(port, proc.pid, cfg))
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=15)
+            # a Ray Serve deployment deletes its application and stops Ray first
+            proc.wait(timeout=60 if cfg.ray else 15)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=15)

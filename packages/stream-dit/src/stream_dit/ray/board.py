@@ -1,0 +1,62 @@
+"""Where replicas say how they are: a small Ray actor the ingress reads for ``GET /health``.
+
+Ray Serve's router picks a replica for each call, so the ingress cannot ask one replica in
+particular; instead every replica reports a snapshot of itself (state, occupancy, queue, pid)
+to the board of its application twice a second, and ``/health`` lists the board's rows. A row
+that has not been refreshed for :data:`STALE_S` belongs to a replica that stopped answering (it
+died, or its process is stuck); it is dropped after :data:`FORGET_S`.
+
+The board is a named actor that whoever needs it first creates (``get_if_exists``); it holds
+no resources and dies with its creator, after which the next caller creates it again and the
+replicas' next reports fill it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+__all__ = ["FORGET_S", "REPORT_EVERY_S", "STALE_S", "ReplicaBoard", "board_handle", "board_name"]
+
+REPORT_EVERY_S = 0.5
+STALE_S = 3.0
+FORGET_S = 60.0
+
+
+@ray.remote(num_cpus=0, max_concurrency=64)
+class ReplicaBoard:
+    """The last snapshot of each replica, with its age."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[dict[str, Any], float]] = {}
+
+    def report(self, replica: str, snapshot: dict[str, Any]) -> None:
+        self._rows[replica] = (snapshot, time.monotonic())
+
+    def forget(self, replica: str) -> None:
+        self._rows.pop(replica, None)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every replica heard from in the last :data:`FORGET_S`, with ``age_s`` and ``fresh``."""
+        now = time.monotonic()
+        self._rows = {k: v for k, v in self._rows.items() if now - v[1] < FORGET_S}
+        return [
+            {
+                **snapshot,
+                "replica": replica,
+                "age_s": round(now - at, 2),
+                "fresh": now - at < STALE_S,
+            }
+            for replica, (snapshot, at) in sorted(self._rows.items())
+        ]
+
+
+def board_name(app_name: str) -> str:
+    return f"stream-dit-board:{app_name}"
+
+
+def board_handle(app_name: str) -> ray.actor.ActorHandle:
+    """The board of ``app_name``, created if nobody has yet."""
+    return ReplicaBoard.options(name=board_name(app_name), get_if_exists=True).remote()

@@ -1,0 +1,31 @@
+"""Keep a Ray started on this machine on the loopback interface.
+
+Ray gives each node the address other nodes reach it at, and a Ray started by ``ray.init()`` on
+a Linux machine listens on that network address. A one-host deployment (``stream-dit serve
+--ray`` without ``--ray-address``, the tests, the load benchmark) needs none of that: with
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` Ray takes 127.0.0.1 as its node address, as it does on
+macOS. Ray reads the variable when it is imported, in this process and in every process it
+starts, so it must be set before ``import ray``. This module imports nothing of Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["keep_ray_on_loopback"]
+
+_VARIABLE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def keep_ray_on_loopback() -> None:
+    """Make a Ray started from this process use 127.0.0.1 (unless the variable is set already).
+
+    Raises:
+        RuntimeError: Ray was imported already (and read the variable's old value).
+    """
+    if _VARIABLE in os.environ:
+        return
+    if "ray" in sys.modules:
+        raise RuntimeError("call keep_ray_on_loopback() before ray is imported")
+    os.environ[_VARIABLE] = "0"

@@ -1,0 +1,346 @@
+"""stream-dit on Ray Serve, for real on CPU: Ray started here, the tiny model, two replicas.
+
+One Ray and one deployment serve the whole module (starting them is most of its time). The main
+test sends 100 mixed clients (valid latents and streamed audio, malformed, oversized, cut) while
+one replica is killed, and checks that every valid request is served with the single-process
+server's output, every bad one gets its 4xx, nobody hangs, and Ray Serve restarts the replica.
+"""
+
+import asyncio
+import io
+import json
+import os
+import signal
+import struct
+import time
+
+import pytest
+
+from stream_dit.ray_env import keep_ray_on_loopback
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+keep_ray_on_loopback()  # before Ray is imported: it reads the variable then
+ray = pytest.importorskip("ray")
+
+import numpy as np  # noqa: E402
+from ray import serve  # noqa: E402
+from serve_test_helpers import serving, wait_for  # noqa: E402
+
+from stream_dit.ray import RayServeOptions, build_app  # noqa: E402
+from stream_dit.ray.app import replica_deployment_options  # noqa: E402
+from stream_dit.serve_load import free_port, malformed_requests  # noqa: E402
+from stream_dit.server import create_app  # noqa: E402
+from stream_dit.session_spec import SessionSpec, build_session  # noqa: E402
+
+SPEC = SessionSpec(preset="tiny", depth=2, max_queue=4, max_frames=32, max_cond_len=16)
+LIMITS = {"max_body_bytes": 64 * 1024, "max_steps": 100_000, "request_timeout_s": 120.0}
+APP = "stream-dit-test"
+STEPS = 24  # long enough that the kill lands while requests are in flight
+
+
+def _options(**kw) -> RayServeOptions:
+    return RayServeOptions(
+        spec=SPEC, limits=LIMITS, replicas=2, health_check_period_s=1.0, app_name=APP, **kw
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_url():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning")
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(_options()), name=APP, route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        assert wait_for(lambda: _health(url).get("replicas_ready") == 2, timeout=60)
+        yield url
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    assert not ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def single_url():
+    """The single-process server of the same spec: the outputs the replicas must give."""
+    app = create_app(build_session(SPEC), warmup=False, **LIMITS)
+    with serving(app) as url:
+        yield url
+
+
+def _health(url: str) -> dict:
+    try:
+        return httpx.get(f"{url}/health", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+
+
+def _bodies() -> list[dict]:
+    bodies = []
+    for i in range(6):
+        body = {
+            "frames": (16, 32)[i % 2],
+            "cond_seed": i,
+            "cond_len": 6,
+            "seed": 100 + i,
+            "steps": STEPS,
+            "shift": 3.0,
+        }
+        if i % 3 == 2:
+            body.update(cfg_type="full", guidance=3.0)
+        bodies.append(body)
+    return bodies
+
+
+# ---------------------------------------------------------------------------- raw HTTP clients
+async def _exchange(url: str, path: str, body: bytes, *, declared=None, send=None, hang_up=None):
+    """One request on its own connection: (status, headers, payload), or None when we hung up on
+    purpose. The whole body is sent before the answer is read, as most clients do."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            f"Content-Type: application/json\r\n"
+            f"Content-Length: {len(body) if declared is None else declared}\r\n\r\n"
+        )
+        writer.write(head.encode() + (body if send is None else body[:send]))
+        await writer.drain()
+        if hang_up is not None:
+            await asyncio.sleep(hang_up)
+            return None
+        raw = await reader.read()
+    finally:
+        writer.close()
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:])}
+    if headers.get("transfer-encoding") == "chunked":
+        payload = _dechunk(payload)
+    return int(lines[0].split()[1]), headers, payload
+
+
+def _dechunk(data: bytes) -> bytes:
+    out, i = b"", 0
+    while True:
+        end = data.find(b"\r\n", i)
+        if end < 0:
+            return out  # cut short
+        size = int(data[i:end].split(b";")[0], 16)
+        if size == 0:
+            return out
+        out += data[end + 2 : end + 2 + size]
+        i = end + 2 + size + 2
+
+
+async def _until_not_503(url, path, raw, deadline, **opts):
+    """POST until the answer is not 503 (honouring Retry-After), within the deadline."""
+    while True:
+        status, headers, payload = await _exchange(url, path, raw, **opts)
+        if status != 503 or time.monotonic() > deadline:
+            return status, headers, payload
+        await asyncio.sleep(float(headers.get("retry-after", "1")))
+
+
+def _wav_lengths(payload: bytes) -> tuple[int, int]:
+    """(data bytes the header announces, data bytes present)."""
+    assert payload[:4] == b"RIFF" and payload[8:12] == b"WAVE", payload[:16]
+    announced = struct.unpack("<I", payload[40:44])[0]
+    return announced, len(payload) - 44
+
+
+# ---------------------------------------------------------------------------- the tests
+def test_100_mixed_clients_and_a_killed_replica(ray_url, single_url):
+    bodies = _bodies()
+    reference = []
+    for body in bodies:
+        resp = httpx.post(f"{single_url}/generate", json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        reference.append(np.load(io.BytesIO(resp.content)))
+    bad = malformed_requests(SPEC.max_frames)
+    victim = _health(ray_url)["replicas"][0]
+    outcomes: dict[str, list] = {"latent": [], "stream": [], "bad": [], "big": [], "cut": []}
+
+    async def client(i: int, started: asyncio.Event, deadline: float) -> None:
+        kind = i % 10
+        if kind == 7:  # malformed: its 4xx (503 only while too many bodies are arriving)
+            name, raw, opts = bad[(i // 10) % len(bad)]
+            status, _, _ = await _until_not_503(ray_url, "/generate", raw, deadline, **opts)
+            outcomes["bad"].append((name, status))
+        elif kind == 8:  # oversized and still sending when the server has decided
+            status, headers, payload = await _exchange(ray_url, "/generate", b" " * (1 << 20))
+            outcomes["big"].append((status, headers.get("connection"), payload))
+        elif kind == 9:  # cut: hangs up mid-upload, or mid-request (a latent or a stream)
+            raw = json.dumps(bodies[i % len(bodies)]).encode()
+            mid_upload = (i // 10) % 2 == 0
+            path = "/generate/audio/stream" if (i // 10) % 4 == 3 else "/generate"
+            await _exchange(
+                ray_url, path, raw, send=len(raw) // 2 if mid_upload else None, hang_up=0.05
+            )
+            outcomes["cut"].append(mid_upload)
+        elif kind == 6:  # streamed audio
+            raw = json.dumps(bodies[i % len(bodies)]).encode()
+            status, _, payload = await _until_not_503(
+                ray_url, "/generate/audio/stream", raw, deadline
+            )
+            outcomes["stream"].append((status, payload))
+        else:
+            which = i % len(bodies)
+            raw = json.dumps(bodies[which]).encode()
+            status, _, payload = await _until_not_503(ray_url, "/generate", raw, deadline)
+            outcomes["latent"].append((which, status, payload))
+            if status == 200:
+                started.set()
+
+    async def load() -> None:
+        deadline = time.monotonic() + 90
+        started = asyncio.Event()
+        clients = [asyncio.ensure_future(client(i, started, deadline)) for i in range(100)]
+        # kill one replica once results flow, while most requests are still in flight
+        await asyncio.wait_for(started.wait(), 60)
+        os.kill(victim["pid"], signal.SIGKILL)
+        await asyncio.wait_for(asyncio.gather(*clients), 120)  # nobody hangs
+
+    asyncio.run(load())
+
+    # every valid latent request was served, with the single server's output
+    assert len(outcomes["latent"]) == 60
+    statuses = [status for _, status, _ in outcomes["latent"]]
+    assert statuses == [200] * 60, statuses
+    for which, _, payload in outcomes["latent"]:
+        np.testing.assert_allclose(
+            np.load(io.BytesIO(payload)), reference[which], atol=1e-4, rtol=1e-4
+        )
+    # a stream is whole, or (its replica died after it had started) ends short; never hangs
+    assert len(outcomes["stream"]) == 10
+    for status, payload in outcomes["stream"]:
+        assert status == 200, payload[:200]
+        announced, present = _wav_lengths(payload)
+        assert present <= announced
+    assert sum(_wav_lengths(p)[0] == _wav_lengths(p)[1] for _, p in outcomes["stream"]) >= 5
+    # every bad request got its 4xx, whatever the replicas were doing
+    for name, status in outcomes["bad"]:
+        assert 400 <= status < 500, (name, status)
+    for status, connection, payload in outcomes["big"]:
+        assert status == 413 and connection == "close"
+        assert "limit is 65536" in json.loads(payload)["detail"]
+    assert len(outcomes["cut"]) == 10
+
+    # the cut requests were cancelled on their replicas: nothing is left running
+    assert wait_for(
+        lambda: _health(ray_url).get("in_flight") == 0 and _health(ray_url).get("active") == 0,
+        timeout=30,
+    ), _health(ray_url)
+    health = _health(ray_url)
+    assert health["routing"].get("retried", 0) >= 1, health["routing"]
+    # the oversized ones, and the malformed one that announced a huge body
+    assert health["counts"].get("413", 0) >= 10, health["counts"]
+    # Ray Serve replaced the killed replica: two ready ones again, neither of them the victim
+    assert wait_for(
+        lambda: (
+            sum(
+                r["fresh"] and r["ready"] and r["pid"] != victim["pid"]
+                for r in _health(ray_url).get("replicas", [])
+            )
+            == 2
+        ),
+        timeout=60,
+        every=0.5,
+    ), _health(ray_url)
+    # and the new replica answers like the others
+    for which, body in enumerate(bodies):
+        resp = httpx.post(f"{ray_url}/generate", json=body, timeout=60)
+        assert resp.status_code == 200, resp.text
+        np.testing.assert_allclose(
+            np.load(io.BytesIO(resp.content)), reference[which], atol=1e-4, rtol=1e-4
+        )
+
+
+def test_full_replicas_answer_503_with_retry_after(ray_url):
+    """Every replica's slots and queue taken and the ingress's waiting line full: a valid request
+    is told to retry; a malformed one still gets its 4xx; closing the long ones frees it all."""
+    long = json.dumps({"frames": 32, "cond_seed": 0, "cond_len": 4, "steps": 100_000}).encode()
+
+    async def fill_then_probe():
+        host, port = ray_url.removeprefix("http://").split(":")
+        holders = []
+        # two replicas of 2 slots + 4 queued, and one replica's capacity waiting at the ingress
+        for _ in range(2 * 6 + 6):
+            _reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(
+                b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(long)}\r\n\r\n".encode()
+                + long
+            )
+            await writer.drain()
+            holders.append(writer)
+        try:
+            # the holders admitted up to the capacity (their bodies go through Ray's proxy first)
+            for _ in range(300):
+                health = await asyncio.to_thread(_health, ray_url)
+                if health.get("in_flight", 0) >= health.get("capacity", 1):
+                    break
+                await asyncio.sleep(0.1)
+            assert health["in_flight"] == health["capacity"] == len(holders), health
+            probe = json.dumps({"frames": 8, "cond_seed": 1, "cond_len": 4, "steps": 2}).encode()
+            status, headers, payload = await asyncio.wait_for(
+                _exchange(ray_url, "/generate", probe), 30
+            )
+            assert status == 503, (status, payload[:200])
+            assert headers.get("retry-after") == "1", headers
+            bad_status, _, _ = await asyncio.wait_for(
+                _exchange(ray_url, "/generate", b"{not json"), 30
+            )
+            assert bad_status == 422
+        finally:
+            for writer in holders:
+                writer.close()
+
+    asyncio.run(fill_then_probe())
+    # closing them cancelled them on their replicas: every slot is free again
+    assert wait_for(lambda: _health(ray_url).get("in_flight") == 0, timeout=30), _health(ray_url)
+    assert wait_for(lambda: _health(ray_url).get("active") == 0, timeout=30), _health(ray_url)
+    ok = httpx.post(
+        f"{ray_url}/generate",
+        json={"frames": 8, "cond_seed": 1, "cond_len": 4, "steps": 2},
+        timeout=60,
+    )
+    assert ok.status_code == 200, ok.text
+
+
+def test_options_parse_the_serve_run_arguments():
+    opts = RayServeOptions.from_args(
+        {
+            "preset": "tiny",
+            "depth": "2",
+            "max_queue": "6",
+            "min_replicas": "1",
+            "max_replicas": "4",
+            "max_body_bytes": "1000",
+            "warmup_frames": "8,16",
+            "warmup": "false",
+        }
+    )
+    assert opts.spec.depth == 2 and opts.spec.warmup_frames == (8, 16) and not opts.spec.warmup
+    assert opts.limits == {"max_body_bytes": 1000}
+    assert opts.autoscaling_config() == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "target_ongoing_requests": 2.0,
+    }
+    assert opts.replica_capacity == 8 and opts.most_replicas == 4
+    deployment = replica_deployment_options(opts, gpus=1.0)
+    assert deployment["autoscaling_config"] == opts.autoscaling_config()
+    assert "num_replicas" not in deployment and deployment["max_ongoing_requests"] == 8
+    assert deployment["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1.0}
+    fixed = replica_deployment_options(RayServeOptions(replicas=3), gpus=0.0)
+    assert fixed["num_replicas"] == 3 and "autoscaling_config" not in fixed
+    assert RayServeOptions(replicas=3).autoscaling_config() is None
+    with pytest.raises(ValueError, match="unknown stream-dit option"):
+        RayServeOptions.from_args({"replica": "2"})
+    with pytest.raises(ValueError, match="not both"):
+        RayServeOptions(replicas=2, max_replicas=3)
+    with pytest.raises(ValueError, match="depth='two'"):
+        RayServeOptions.from_args({"depth": "two"})
