@@ -110,7 +110,8 @@ def test_persistent_programs_cover_every_tile(rng, device, monkeypatch, name):
     monkeypatch.setattr(
         plan, "launch_config", lambda *a: shipped(*a)._replace(block_m=16, persistent=1)
     )
-    monkeypatch.setattr(plan, "device_facts", lambda device: SimpleNamespace(sm_count=1))
+    one_sm = SimpleNamespace(sm_count=1, shared_memory_per_block=232_448)
+    monkeypatch.setattr(plan, "device_facts", lambda device: one_sm)
     clear_plan_caches()  # plans bind their tiles
     try:
         test_layer_matches_float64_spec_into_poisoned_buffers(

@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -63,8 +64,11 @@ def test_exact_row_then_nearest_row_then_heuristic(monkeypatch):
     # a flag that differs costs more than any size: the row with the same flag wins
     config, _ = kernel.select(_key(64, True), (9, 0))
     assert config.kwargs == {"BLOCK": 64} and config.num_warps == 8
-    # no table for this family: the declared default
+    # no table for this family: the nearest card's rows
     config, source = kernel.select(_key(1024, False), (8, 0))
+    assert source == "borrowed" and config.kwargs == {"BLOCK": 128} and config.num_warps == 8
+    # no rows for this kernel anywhere: the declared default
+    config, source = _kernel(monkeypatch, []).select(_key(1024, False), (8, 0))
     assert source == "heuristic" and lc.same_config(config, DEFAULT)
 
 
@@ -194,15 +198,23 @@ def test_corrupt_or_foreign_cache_files_are_ignored_with_a_warning(tmp_path, mon
     assert tuning_cache.load(IDENT) == {}
 
 
-def _gpu_style_kernel(monkeypatch, launched):
+def _gpu_style_kernel(monkeypatch, launched, shared=lambda kw: 0, default=DEFAULT):
     """A TunedKernel built as on a GPU (the whole space runs), whose launches are recorded
-    instead of run and whose autotune trials return made-up timings (BLOCK 128, 8 warps wins)."""
+    instead of run, whose compiles (``warmup=True``) return a kernel of ``shared(kwargs)`` bytes
+    of shared memory, and whose autotune trials return made-up timings (BLOCK 128, 8 warps
+    wins)."""
     import triton_dispatch.tuned_kernel as tk
 
     monkeypatch.setattr(tk, "interpreter_enabled", lambda: False)
-    kernel = autotune(SPACE, key=["N_BUCKET", "FLAG"], default=DEFAULT)(_scale_kernel)
+    kernel = autotune(SPACE, key=["N_BUCKET", "FLAG"], default=default)(_scale_kernel)
     kernel.package = "fake_kernels"
-    monkeypatch.setattr(kernel.fn, "run", lambda *a, **kw: launched.append(kw), raising=False)
+
+    def run(*args, warmup=False, **kw):
+        if warmup:
+            return SimpleNamespace(metadata=SimpleNamespace(shared=shared(kw)))
+        launched.append(kw)
+
+    monkeypatch.setattr(kernel.fn, "run", run, raising=False)
 
     def trial(*args, config, **meta):
         tk.autotune_mode.count_benchmark()

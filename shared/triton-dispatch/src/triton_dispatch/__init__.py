@@ -33,6 +33,7 @@ from .backend import (
 from .demo import DEMO_ENTRY_POINT_GROUP, DemoResult
 from .device import DeviceFacts, device_facts
 from .graphs import CapturedStep, prepare_optimizer_for_capture
+from .shared_memory import SharedMemoryError
 
 try:
     __version__ = version("triton-dispatch")
@@ -49,6 +50,7 @@ __all__ = [
     "CapturedStep",
     "DemoResult",
     "DeviceFacts",
+    "SharedMemoryError",
     "__version__",
     "autotune",
     "autotune_enabled",

@@ -96,8 +96,9 @@ def prune_by_shared_memory(
         headroom: fraction of the device limit a config may use.
 
     The hook never returns an empty list: if nothing fits it keeps the config with the smallest
-    estimate, so the launch fails with Triton's own out-of-resources message rather than an empty
-    autotune space.
+    estimate, which the runtime guard (:mod:`triton_dispatch.shared_memory`) then measures, so a
+    launch that cannot fit fails with its ``SharedMemoryError`` rather than an empty autotune
+    space. The estimate only bounds the candidates; the guard decides on the compiled kernel.
     """
 
     def prune(configs: list, named_args: Mapping[str, Any], **kwargs: Any) -> list:

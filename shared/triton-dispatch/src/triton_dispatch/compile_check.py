@@ -3,8 +3,10 @@
 The Triton interpreter runs kernels as NumPy code and accepts programs the GPU compiler rejects (a
 variable that takes two shapes in the two branches of a runtime ``if``, an unsupported dtype
 cast, ...). :func:`recorded_launches` notes every interpreted launch (kernel, argument dtypes,
-integer and constexpr values); :func:`compile_recorded` then compiles each distinct launch for an
-NVIDIA target in a subprocess with the interpreter off, so a CPU-only machine catches those errors.
+integer and constexpr values, compile options); :func:`compile_recorded` then compiles each
+distinct launch for an NVIDIA target in a subprocess with the interpreter off, so a CPU-only
+machine catches those errors, and checks that its shared memory fits every supported GPU
+(:mod:`triton_dispatch.gpu_targets`).
 """
 
 from __future__ import annotations
@@ -15,65 +17,64 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
-import torch
+from .compile_worker import describe, run_compile_jobs
+
+if TYPE_CHECKING:
+    from .gpu_targets import GpuTarget
 
 __all__ = [
-    "check_table_configs",
+    "COMPILE_OPTIONS",
+    "RecordedLaunch",
     "compile_recorded",
-    "config_variants",
     "launcher_facts",
     "nvidia_backend_available",
     "recorded_launches",
     "unavailable_reason",
 ]
 
-_DTYPES = {
-    torch.float32: "fp32",
-    torch.float16: "fp16",
-    torch.bfloat16: "bf16",
-    torch.float64: "fp64",
-    torch.int64: "i64",
-    torch.int32: "i32",
-    torch.int16: "i16",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.bool: "i1",
-}
+#: Launch keywords that are compile options (what ``triton.compile`` takes besides the source).
+COMPILE_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion",
+                   "launch_cooperative_grid", "launch_pdl")  # fmt: skip
 
 
-def _describe(value: Any) -> list | None:
-    if isinstance(value, torch.Tensor):
-        return ["ptr", _DTYPES.get(value.dtype)]
-    if isinstance(value, bool):
-        return ["bool", value]
-    if isinstance(value, int):
-        return ["int", value]
-    if isinstance(value, float):
-        return ["float", value]
-    if value is None:
-        return ["none", None]
-    return None  # a value the compile check cannot reproduce (the launch is then skipped)
+class RecordedLaunch(tuple):
+    """One interpreted launch as ``(module, kernel name, {parameter: description})``, with the
+    compile options it was launched with in :attr:`options` (``num_warps``, ``num_stages``, ...),
+    so that a GPU compile of it uses the same ones."""
+
+    options: dict[str, Any]
+
+    def __new__(cls, module: str, name: str, described: dict, options: dict[str, Any]):
+        launch = super().__new__(cls, (module, name, described))
+        launch.options = options
+        return launch
 
 
 @contextlib.contextmanager
-def recorded_launches() -> Iterator[list[tuple[str, str, dict[str, list | None]]]]:
+def recorded_launches(*, run: bool = True) -> Iterator[list[RecordedLaunch]]:
     """Inside the block, every kernel launch under ``TRITON_INTERPRET=1`` is appended to the
-    yielded list as ``(module, kernel name, {parameter: description})``."""
+    yielded list as a :class:`RecordedLaunch` ``(module, kernel name, {parameter:
+    description})``. With ``run=False`` the launches are recorded, not run (their outputs stay
+    unwritten): for a check that only compiles what a plan launches, at sizes the interpreter
+    would take long over."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    calls: list[tuple[str, str, dict[str, list | None]]] = []
+    calls: list[RecordedLaunch] = []
     original = InterpretedFunction.run
 
-    def run(self, *args, grid, warmup, **kwargs):
+    def record(self, *args, grid, warmup, **kwargs):
         bound = {**dict(zip(self.arg_names, args)), **kwargs}
-        described = {n: _describe(bound[n]) for n in self.arg_names if n in bound}
-        calls.append((self.fn.__module__, self.fn.__name__, described))
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        described = {n: describe(bound[n]) for n in self.arg_names if n in bound}
+        options = {n: kwargs[n] for n in COMPILE_OPTIONS if kwargs.get(n) is not None}
+        calls.append(RecordedLaunch(self.fn.__module__, self.fn.__name__, described, options))
+        if run:
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return None
 
-    InterpretedFunction.run = run
+    InterpretedFunction.run = record
     try:
         yield calls
     finally:
@@ -97,87 +98,43 @@ def unavailable_reason() -> str | None:
     return None
 
 
-_SCRIPT = r"""
-import concurrent.futures, importlib, json, multiprocessing, os, sys, traceback
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction
+def compile_recorded(
+    calls: list[tuple], *, capability: int = 90, targets: Sequence[GpuTarget] | None = None
+) -> list[str]:
+    """Compile every distinct recorded launch for ``sm_<capability>`` (the whole compile, so
+    ``ptxas`` errors show), and check that its shared memory fits each of ``targets`` it can run
+    on (default: every supported GPU, :data:`~triton_dispatch.gpu_targets.TARGETS`; those
+    compiles stop at LLVM IR and are shared by ``mma`` group). Returns one message per launch
+    that failed to compile or does not fit a target (empty when all is well).
 
+    A launch is ``(module, name, described)`` as recorded (its compile options from
+    :attr:`RecordedLaunch.options`), or with a fourth item, the compile options."""
+    from .gpu_targets import TARGETS, GpuTarget, collect_uses, plan_fit_jobs, plan_jobs, target_of
 
-def compile_call(call):
-    module, name, described, options = call
-    fn = getattr(importlib.import_module(module), name)
-    while not isinstance(fn, JITFunction):
-        fn = fn.fn
-    signature, constexprs, attrs = {}, {}, {}
-    for i, param in enumerate(fn.params):
-        kind, value = described[param.name]
-        if param.is_constexpr or kind == "none":
-            signature[param.name] = "constexpr"
-            constexprs[param.name] = value
-        elif kind == "ptr":
-            signature[param.name] = "*" + value
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif kind in ("int", "bool"):
-            value = int(value)
-            signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
-            if value % 16 == 0 and value and param.name not in fn.do_not_specialize:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[param.name] = "fp32"
-    try:
-        triton.compile(
-            ASTSource(fn, signature, constexprs, attrs),
-            target=GPUTarget("cuda", capability, 32),
-            options=options,
-        )
-    except Exception:
-        return f"{module}.{name} {constexprs} {options}:\n{traceback.format_exc()[-3000:]}"
-    return None
-
-
-calls, capability = json.loads(sys.stdin.read())
-# each compile is one CPU's work (the LLVM and ptxas passes): one process per core
-workers = min(len(calls), os.cpu_count() or 1)
-if workers > 1:
-    context = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        results = list(pool.map(compile_call, calls))
-else:
-    results = [compile_call(call) for call in calls]
-failures = [r for r in results if r is not None]
-print(json.dumps(failures))
-"""
-
-
-def compile_recorded(calls: list[tuple], *, capability: int = 90) -> list[str]:
-    """Compile every distinct recorded launch for ``sm_<capability>``; returns one message per
-    launch that failed to compile (empty when all compiled). A launch is ``(module, name,
-    described)`` as recorded, or with a fourth item, the compile options (``num_warps``, ...)."""
     unique: dict[str, tuple] = {}
-    for module, name, described, *rest in calls:
+    for call in calls:
+        module, name, described, *rest = call
         if any(d is None for d in described.values()):
             continue
-        options = rest[0] if rest else {}
-        entry = (module, name, described, options)
+        options = rest[0] if rest else getattr(call, "options", {})
+        entry = (module, name, described, dict(options))
         unique[json.dumps(entry, sort_keys=True)] = entry
-    if not unique:
-        return []
-    # the kernels' modules import in the subprocess as they did here (test folders included)
-    path = os.pathsep.join(p for p in sys.path if p)
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=path)
-    proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT],
-        input=json.dumps([list(unique.values()), capability]),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    if proc.returncode != 0:
-        return [f"the compile check itself failed:\n{proc.stderr[-3000:]}"]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    compiled = target_of(divmod(capability, 10)) or GpuTarget(capability, 0, "", "", 0)
+    jobs: dict[str, tuple] = {}
+    launches = list(unique.values())
+    fit = plan_fit_jobs({t: launches for t in (TARGETS if targets is None else targets)}, jobs)
+    whole = plan_jobs(launches, [compiled], jobs, through="cubin")
+    try:
+        results = dict(zip(jobs, run_compile_jobs(list(jobs.values()))))
+    except RuntimeError as exc:
+        return [str(exc)]
+    failures = [u.error for u in collect_uses(whole, jobs, results) if u.error is not None]
+    # a launch whose whole compile failed is reported once, not again per target
+    failed = {json.dumps(e, sort_keys=True) for e, _, k in whole if "error" in results[k]}
+    for (entry, _, _), use in zip(fit, collect_uses(fit, jobs, results)):
+        if not use.fits and not (use.error and json.dumps(entry, sort_keys=True) in failed):
+            failures.append(str(use))
+    return failures
 
 
 _LAUNCHER_SCRIPT = r"""
@@ -257,52 +214,3 @@ def launcher_facts(*, capability: int = 90) -> dict[str, Any]:
     if proc.returncode != 0:
         raise RuntimeError(f"reading the launcher failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def config_variants(
-    calls: list[tuple[str, str, dict[str, list | None]]], configs_of: dict[str, list]
-) -> list[tuple]:
-    """One launch per kernel and config: the first recorded launch of each kernel named in
-    ``configs_of`` (``{kernel name: [triton.Config, ...]}``) with its constexprs and compile
-    options replaced by each config's (the GPU's block sizes instead of the interpreter's)."""
-    variants = []
-    seen: set[str] = set()
-    first = {}
-    for module, name, described in calls:
-        first.setdefault(name, (module, name, described))
-    for module, name, described in first.values():
-        for config in configs_of.get(name, ()):
-            values = {**described}
-            for k, v in config.kwargs.items():
-                values[k] = ["bool", v] if isinstance(v, bool) else ["int", v]
-            options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-            if getattr(config, "maxnreg", None) is not None:
-                options["maxnreg"] = config.maxnreg
-            key = json.dumps([module, name, values, options], sort_keys=True)
-            if key not in seen:
-                seen.add(key)
-                variants.append((module, name, values, options))
-    return variants
-
-
-def check_table_configs(
-    package: str,
-    warm: Callable[[], object],
-    *,
-    skip: Mapping[str, str] | None = None,
-    capability: int = 90,
-) -> list[str]:
-    """Compile, for ``sm_<capability>``, every config a GPU would launch for ``package``'s tuned
-    kernels (each config of its shipped tables and its heuristic's default), with the arguments
-    of a launch recorded while ``warm()`` runs under the interpreter. Returns the failures, and
-    names each tuned kernel that ``warm()`` never launched (its configs went unchecked) unless
-    ``skip`` gives the reason it cannot be launched here (``{kernel name: why}``)."""
-    from .launch_configs import table_configs
-
-    configs = {k: v for k, v in table_configs(package).items() if k not in (skip or {})}
-    with recorded_launches() as calls:
-        warm()
-    variants = config_variants(calls, configs)
-    launched = {name for _, name, _, _ in variants}
-    missing = [f"{name}: not launched by the warm-up" for name in sorted(set(configs) - launched)]
-    return missing + compile_recorded(variants, capability=capability)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
@@ -68,11 +70,31 @@ def _host_facts() -> DeviceFacts:
     )
 
 
+_simulated: DeviceFacts | None = None
+
+
+@contextlib.contextmanager
+def simulated_device(facts: DeviceFacts) -> Iterator[DeviceFacts]:
+    """Inside the block, :func:`device_facts` answers ``facts`` for every device: the card a test
+    (or the CPU check of what each supported GPU launches, :mod:`triton_dispatch.target_check`)
+    stands in for, e.g. ``TARGETS[-1].facts()``, an RTX 5090's 99 KB of shared memory per block.
+    One block at a time (it is process-wide)."""
+    global _simulated
+    before, _simulated = _simulated, facts
+    try:
+        yield facts
+    finally:
+        _simulated = before
+
+
 def device_facts(device: torch.device | str | int | None = None) -> DeviceFacts:
     """Cached :class:`DeviceFacts` of ``device`` (a CUDA device, or the host for anything else).
 
-    ``None`` means the current CUDA device when CUDA is available, else the host.
+    ``None`` means the current CUDA device when CUDA is available, else the host. Inside
+    :func:`simulated_device`, the simulated card's facts whatever the device.
     """
+    if _simulated is not None:
+        return _simulated
     if device is None:
         device = (
             torch.device("cuda", torch.cuda.current_device())

@@ -32,7 +32,11 @@ Correctness rules the pieces keep:
 * under ``TRITON_INTERPRET=1`` every launch goes through Triton (there is no compiled kernel), so
   the interpreter tests exercise the same plans;
 * nothing here synchronises with the GPU, so plans run inside CUDA-graph capture once they are
-  built; ``torch.compile`` traces the ops' registered custom ops, never these caches.
+  built; ``torch.compile`` traces the ops' registered custom ops, never these caches;
+* before its first launch on a GPU a :class:`KernelLaunch` compiles its kernel without launching
+  it and keeps its options within the device's shared memory per block, pipelining less deeply
+  where the given ``num_stages`` do not fit (:mod:`triton_dispatch.shared_memory`); a tuned
+  kernel does the same over its configs.
 
 ``TRITON_DISPATCH_PLAN_CACHE=0`` turns plan caching off (every call builds its plan), for
 debugging and for tests that compare cached against uncached results.
@@ -50,6 +54,8 @@ import torch
 
 from . import autotune_mode, compile_ahead, triton_version
 from .backend import BACKEND_ENV_VAR, interpreter_enabled
+from .device import device_facts
+from .shared_memory import fitting_options
 
 #: Set to ``0`` to build every call's plan afresh (no reuse).
 PLAN_CACHE_ENV_VAR = "TRITON_DISPATCH_PLAN_CACHE"
@@ -307,7 +313,10 @@ class KernelLaunch:
             placeholder tensors never read); the remaining parameters, in declaration order, are
             the per-call arguments of :meth:`__call__`. Leave the autotuned parameters out.
         device: the plan's device; launches run on it whatever the current device is.
-        options: launch options such as ``num_warps`` or ``launch_cooperative_grid``.
+        options: launch options such as ``num_warps`` or ``launch_cooperative_grid``. Where the
+            kernel would not fit the device's shared memory per block with the ``num_stages``
+            given, the first launch lowers them until it does (``SharedMemoryError`` when even
+            one stage does not fit); :attr:`options` then holds what launches.
 
     The first call with a new argument specialisation runs through Triton (autotuning and
     compiling as usual); later calls with the same specialisation call the compiled kernel's
@@ -343,6 +352,8 @@ class KernelLaunch:
         self.direct = self.on_gpu and fast_launch_supported()
         self._compiled: dict[tuple, tuple] = {}
         self.direct_launches = 0
+        # a tuned kernel keeps its own configs within the device's shared memory
+        self._fit_checked = not self.on_gpu or hasattr(kernel, "configs")
 
     def __call__(self, *args: Any) -> None:
         if self.direct:
@@ -456,12 +467,30 @@ class KernelLaunch:
             positional.append(values.pop(name))
         return positional, values
 
+    def _fit_shared_memory(self, positional: list, values: dict) -> None:
+        """Before the first launch: compile without launching and keep :attr:`options` within
+        the device's shared memory per block (:func:`~triton_dispatch.shared_memory.
+        fitting_options`); the launch then reuses that compile."""
+
+        def compile_only(options: Mapping[str, Any]):
+            with torch.cuda.device(self.device):
+                return self.kernel.run(
+                    *positional, grid=self.grid, warmup=True, **values, **options
+                )  # fmt: skip
+
+        name = getattr(_jit_function(self.kernel), "__name__", "kernel")
+        self.options = fitting_options(compile_only, self.options, device_facts(self.device), name)
+        self._fit_checked = True
+
     def _through_triton(self, args: tuple) -> None:
         self._check_count(args)
         positional, values = self._arguments(args)
         grid = self.grid
         if self.direct:
             compile_ahead.wait_for(_jit_function(self.kernel))
+        if not self._fit_checked:
+            self._fit_shared_memory(positional, values)
+        if self.direct:
             with torch.cuda.device(self.device):
                 compiled = self.kernel[grid](*positional, **values, **self.options)
             self._remember(compiled, args)

@@ -14,6 +14,9 @@ for it::
 
 A key that has no row takes the row whose key is nearest (the same flags and dtypes, the closest
 sizes on a log scale), so a regime between two tuned ones gets a neighbour's config, not a default.
+A card whose family has no table takes the rows of the nearest card's table
+(:func:`tables_by_nearness`); the runtime guard (:mod:`triton_dispatch.shared_memory`) passes
+over the rows whose kernels do not fit its shared memory.
 """
 
 from __future__ import annotations
@@ -40,6 +43,15 @@ def device_family(capability: tuple[int, int]) -> str:
     """The table family of a CUDA compute capability: ``(9, 0)`` → ``"sm90"``."""
     major, minor = capability
     return f"sm{major}{minor}"
+
+
+def family_capability(family: str) -> tuple[int, int] | None:
+    """The compute capability of a table family: ``"sm90"`` → ``(9, 0)``, ``"sm120"`` →
+    ``(12, 0)``; ``None`` for a name of another form."""
+    digits = family.removeprefix("sm")
+    if family == digits or len(digits) < 2 or not digits.isdigit():
+        return None
+    return int(digits[:-1]), int(digits[-1])
 
 
 def config_to_json(config) -> dict[str, Any]:
@@ -143,14 +155,43 @@ def package_table(package: str, family: str) -> dict[str, list[Mapping[str, Any]
     return validate_table(data, f"{package}/{TABLE_FOLDER}/{family}.json")
 
 
-def shipped_tables(package: str) -> dict[str, dict[str, list[Mapping[str, Any]]]]:
-    """Every table ``package`` ships, by family (file stem)."""
+@functools.cache
+def table_families(package: str) -> tuple[str, ...]:
+    """The families ``package`` ships tables for (its table files' stems)."""
     try:
         folder = importlib.resources.files(package) / TABLE_FOLDER
         files = [f for f in folder.iterdir() if f.name.endswith(".json")] if folder.is_dir() else []
     except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError, TypeError):
-        return {}
-    return {f.name[: -len(".json")]: package_table(package, f.name[: -len(".json")]) for f in files}
+        return ()
+    return tuple(sorted(f.name[: -len(".json")] for f in files))
+
+
+def shipped_tables(package: str) -> dict[str, dict[str, list[Mapping[str, Any]]]]:
+    """Every table ``package`` ships, by family (file stem)."""
+    return {family: package_table(package, family) for family in table_families(package)}
+
+
+def tables_by_nearness(
+    package: str, capability: tuple[int, int]
+) -> list[tuple[str, dict[str, list[Mapping[str, Any]]]]]:
+    """``(family, table)`` of ``package``'s tables that a device of ``capability`` reads, in
+    order: its own family's, then the other cards' tables, nearest card first (the same major
+    version first, then the closest compute capability, the older card on a tie). A card
+    without a table of its own so takes the nearest known card's rows."""
+    from .gpu_targets import TARGETS
+
+    own = device_family(capability)
+    families = {device_family(t.compute_capability) for t in TARGETS}
+    families.update(table_families(package))
+    number = capability[0] * 10 + capability[1]
+
+    def distance(family: str) -> tuple:
+        major, minor = family_capability(family) or (0, 0)
+        return (major != capability[0], abs(major * 10 + minor - number), major * 10 + minor)
+
+    others = sorted((f for f in families - {own} if family_capability(f)), key=distance)
+    tables = [(family, package_table(package, family)) for family in (own, *others)]
+    return [(family, table) for family, table in tables if table]
 
 
 def import_kernel_modules(package: str) -> None:
@@ -205,30 +246,13 @@ def check_package_tables(package: str) -> list[str]:
     return problems
 
 
-def table_configs(package: str) -> dict[str, list]:
-    """Per kernel of ``package``: the distinct configs its tables name, and its heuristic's
-    default (what GPUs launch; e.g. to compile each for sm_90 on a CPU)."""
-    from .autotune_mode import tuned_kernels
-
-    import_kernel_modules(package)
-    out: dict[str, list] = {}
-    for kernel in tuned_kernels(package):
-        configs = [kernel.heuristic((9, 0), kernel.space, {})]
-        for table in shipped_tables(package).values():
-            for row in table.get(kernel.name, []):
-                config = config_from_json(row["config"])
-                if not any(same_config(config, c) for c in configs):
-                    configs.append(config)
-        out[kernel.name] = configs
-    return out
-
-
 __all__ = [
     "TABLE_FOLDER",
     "check_package_tables",
     "config_from_json",
     "config_to_json",
     "device_family",
+    "family_capability",
     "import_kernel_modules",
     "jsonable",
     "key_distance",
@@ -236,6 +260,7 @@ __all__ = [
     "package_table",
     "same_config",
     "shipped_tables",
-    "table_configs",
+    "table_families",
+    "tables_by_nearness",
     "validate_table",
 ]

@@ -6,14 +6,22 @@ On the first call of each shape regime (its autotune key), :class:`TunedKernel` 
    (:mod:`triton_dispatch.tuning_cache`), if an earlier process tuned this regime;
 2. the row of the package's shipped table for the device family (:mod:`triton_dispatch.launch_configs`)
    with the same key, else the row with the nearest key;
-3. a heuristic: the kernel's declared default config, kept within what the device's facts allow
-   (the shared-memory prune, shallower pipelines before Ampere).
+3. for a card whose family has no rows for the kernel, the rows of the nearest card's table;
+4. a heuristic: the kernel's declared default config, kept within what the device's facts allow
+   (the shared-memory prune, shallower pipelines before Ampere), then the rest of the space,
+   nearest the default first.
+
+Before its first launch on a GPU, the chosen config is compiled (the compile the launch needs, not
+an extra one) and its shared memory compared with the device's limit: a config that does not fit
+is passed over for the next one of that order (:mod:`triton_dispatch.shared_memory`), so a table
+tuned on a larger card never launches what a smaller one cannot run.
 
 Only with autotuning switched on does it benchmark the (pruned) space, as ``triton.autotune``
-does, and then it writes the winner to disk. The switch is one environment variable for every
-package, ``TRITON_DISPATCH_AUTOTUNE`` (``1``/``all``, or a comma list of package import names),
-a per-package ``<PACKAGE>_AUTOTUNE`` (``LATE_INTERACTION_KERNELS_AUTOTUNE=1``), or
-:func:`set_autotune` at run time. Either way a regime's choice is made once per process.
+does, leaving out the configs that do not fit the device, and then it writes the winner to disk.
+The switch is one environment variable for every package, ``TRITON_DISPATCH_AUTOTUNE``
+(``1``/``all``, or a comma list of package import names), a per-package ``<PACKAGE>_AUTOTUNE``
+(``LATE_INTERACTION_KERNELS_AUTOTUNE=1``), or :func:`set_autotune` at run time. Either way a
+regime's choice is made once per process.
 """
 
 from __future__ import annotations
@@ -27,11 +35,13 @@ from triton.runtime.autotuner import Autotuner
 
 from . import autotune_mode, launch_configs, tuning_cache
 from .backend import interpreter_enabled
-from .device import device_facts
+from .device import DeviceFacts, device_facts
+from .shared_memory import SharedMemoryError, compiled_shared_memory, too_large_message
 
 #: Where a regime's config came from: ``cache`` (persisted autotuning), ``table`` (the exact row),
-#: ``nearest`` (a neighbouring row), ``heuristic``, ``benchmark`` (autotuned in this process).
-SOURCES = ("cache", "table", "nearest", "heuristic", "benchmark")
+#: ``nearest`` (a neighbouring row), ``borrowed`` (a row of the nearest other card's table),
+#: ``heuristic``, ``benchmark`` (autotuned in this process).
+SOURCES = ("cache", "table", "nearest", "borrowed", "heuristic", "benchmark")
 
 Default = Any  # a triton.Config, or ``f(named_args) -> triton.Config``
 
@@ -54,6 +64,8 @@ class TunedKernel(Autotuner):
         sources: where each regime key's config came from (:data:`SOURCES`).
         tuned: ``{key: (config, ms)}`` of regimes autotuned (or read from disk) in this process,
             what ``python -m triton_dispatch.tune`` writes into tables.
+        too_large: ``{key: [(config, bytes), ...]}``: the configs of a regime passed over
+            because their compiled kernels need more shared memory than the device has.
     """
 
     def __init__(
@@ -88,6 +100,7 @@ class TunedKernel(Autotuner):
         self.package: str = self.base_fn.__module__.split(".")[0]
         self.sources: dict[tuple, str] = {}
         self.tuned: dict[tuple, tuple[Any, float | None]] = {}
+        self.too_large: dict[tuple, list[tuple[Any, int]]] = {}
         self._identities: dict[str, dict] = {}
         self._lock = threading.RLock()
         autotune_mode.register(self)
@@ -131,16 +144,36 @@ class TunedKernel(Autotuner):
             self.sources[key] = "cache"
             return config
         pruned = self.prune_configs(kwargs)
+        facts = device_facts(device)
         if autotune_mode.autotune_enabled(self.package):
-            config, ms = self._benchmark(args, kwargs, pruned)
+            fitting = [c for c in pruned if self._fits(key, c, args, kwargs, facts)]
+            if not fitting:
+                raise SharedMemoryError(too_large_message(self.name, facts, self.too_large[key]))
+            config, ms = self._benchmark(args, kwargs, fitting)
             self.tuned[key] = (config, ms)
             self.sources[key] = "benchmark"
             tuning_cache.store(self._identity(device), named, config, ms)
             return config
-        facts = device_facts(device)
-        config, source = self.select(named, facts.capability, pruned, self.nargs | kwargs)
-        self.sources[key] = source
-        return config
+        ranked = self.ranked(named, facts.capability, pruned, self.nargs | kwargs)
+        for config, source in ranked:
+            if self._fits(key, config, args, kwargs, facts):
+                self.sources[key] = source
+                return config
+        raise SharedMemoryError(too_large_message(self.name, facts, self.too_large[key]))
+
+    def _fits(self, key: tuple, config, args: tuple, kwargs: dict, facts: DeviceFacts) -> bool:
+        """Whether ``config``'s kernel for this call fits the device's shared memory per block:
+        compiled without launching (the compile its launch needs; Triton keeps it for the
+        launch), its ``metadata.shared`` read. Always true under the interpreter (nothing is
+        compiled there). A config that does not fit is noted in :attr:`too_large`."""
+        if interpreter_enabled():
+            return True
+        meta = {**kwargs, **config.all_kwargs(), "warmup": True}
+        shared = compiled_shared_memory(self.fn.run(*args, **meta))
+        if shared <= facts.shared_memory_per_block:
+            return True
+        self.too_large.setdefault(key, []).append((config, shared))
+        return False
 
     # -- selection without benchmarks ---------------------------------------------------------
 
@@ -151,28 +184,52 @@ class TunedKernel(Autotuner):
         candidates: Sequence | None = None,
         named_args: Mapping[str, Any] | None = None,
     ) -> tuple[Any, str]:
-        """The config for one regime on a device of ``capability``, without benchmarking:
-        ``(config, source)`` with ``source`` one of ``table``/``nearest``/``heuristic``.
+        """The config for one regime on a device of ``capability``, without benchmarking or
+        compiling: the first of :meth:`ranked`, ``(config, source)``."""
+        return self.ranked(key, capability, candidates, named_args)[0]
 
-        ``candidates`` are the configs allowed on the device (the pruned space; the whole space
-        when ``None``). Table rows whose config is not a candidate are passed over, so a table
-        made for a larger device never launches a config that does not fit.
+    def ranked(
+        self,
+        key: Mapping[str, Any],
+        capability: tuple[int, int],
+        candidates: Sequence | None = None,
+        named_args: Mapping[str, Any] | None = None,
+    ) -> list[tuple[Any, str]]:
+        """Every config allowed for one regime on a device of ``capability``, in the order the
+        first call tries them, as ``(config, source)`` (``source`` one of ``table``,
+        ``nearest``, ``borrowed``, ``heuristic``): the rows of the device family's table,
+        nearest key first; those of the other cards' tables, nearest card first; the
+        heuristic's default; the rest of the candidates, nearest the default first.
+
+        ``candidates`` are the configs allowed on the device (the space pruned by the kernel's
+        ``prune`` hook; the whole space when ``None``). Table rows whose config is not a
+        candidate are passed over, so a stale row or one the hook rules out never launches.
         """
         candidates = list(candidates) if candidates is not None else self.space
-        family = launch_configs.device_family(capability)
-        rows = launch_configs.package_table(self.package, family).get(self.name, [])
-        for row in launch_configs.nearest_rows(
-            rows, {k: launch_configs.jsonable(v) for k, v in key.items()}
-        ):
-            try:
-                config = launch_configs.config_from_json(row.get("config"))
-            except ValueError:
-                continue
-            match = next((c for c in candidates if launch_configs.same_config(c, config)), None)
-            if match is not None:
-                exact = row["key"] == {k: launch_configs.jsonable(v) for k, v in key.items()}
-                return match, "table" if exact else "nearest"
-        return self.heuristic(capability, candidates, named_args or {}), "heuristic"
+        wanted = {k: launch_configs.jsonable(v) for k, v in key.items()}
+        own = launch_configs.device_family(capability)
+        out: list[tuple[Any, str]] = []
+
+        def add(config, source: str) -> None:
+            if not any(launch_configs.same_config(config, c) for c, _ in out):
+                out.append((config, source))
+
+        for family, table in launch_configs.tables_by_nearness(self.package, capability):
+            for row in launch_configs.nearest_rows(table.get(self.name, []), wanted):
+                try:
+                    config = launch_configs.config_from_json(row.get("config"))
+                except ValueError:
+                    continue
+                match = next((c for c in candidates if launch_configs.same_config(c, config)), None)
+                if match is not None:
+                    exact = "table" if row["key"] == wanted else "nearest"
+                    add(match, exact if family == own else "borrowed")
+        default = self.heuristic(capability, candidates, named_args or {})
+        add(default, "heuristic")
+        rest = list(candidates) or self.space
+        for config in sorted(rest, key=lambda c: (-_closeness(c, default), rest.index(c))):
+            add(config, "heuristic")
+        return out
 
     def heuristic(self, capability: tuple[int, int], candidates: Sequence, named_args: Mapping):
         """The declared default when the device allows it, else the allowed config nearest it.

@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import torch
 
-from triton_dispatch import device_facts, next_power_of_2
+from triton_dispatch import device_facts, next_power_of_2, tile_shared_memory
 from triton_dispatch.declaration import Call
 from triton_dispatch.launch import KernelLaunch
 from triton_dispatch.tma import TensorDescriptor, aligned, tma_supported
@@ -48,15 +48,22 @@ class Tiles(NamedTuple):
 
 
 def launch_config(taps: int, phases: int, n_p: int, cin_p: int, whole_row: bool, pointwise: bool,
-                  rows: int, interpret: bool, tma: bool = False) -> Tiles:  # fmt: skip
+                  rows: int, interpret: bool, tma: bool = False, shared_memory: int = 232_448,
+                  element_size: int = 2) -> Tiles:  # fmt: skip
     """The :class:`Tiles` of a layer over ``rows`` GEMM rows (all batch rows together); ``tma``:
-    the main loop reads through tensor descriptors (Hopper)."""
+    the main loop reads through tensor descriptors (Hopper); ``shared_memory``: the device's
+    bytes per block; ``element_size``: the activations' bytes per value."""
     block_n = n_p if whole_row else min(128, n_p)
     block_k = min(64, cin_p)
     if interpret:
         return Tiles(32, block_n, block_k, 4, 1)
-    if taps > 1 and phases == 1 and not pointwise and rows >= 1 << 15:
-        return Tiles(128, block_n, block_k, 8, 3)  # wide dilated convolutions over many rows
+    wide = Tiles(128, block_n, block_k, 8, 3)
+    # its operands with a buffer per stage (an upper bound: Triton keeps one stage fewer but for
+    # Hopper's wgmma) are 96 KB in half precision and 192 KB in fp32, so fp32 takes the default
+    # tile where a block has less: on an RTX 4090 or 5090 (99 KB) it compiles to 128 KB
+    if (taps > 1 and phases == 1 and not pointwise and rows >= 1 << 15
+            and _operand_bytes(wide, element_size) <= shared_memory):  # fmt: skip
+        return wide  # wide dilated convolutions over many rows
     if tma and ((phases > 1 and n_p <= 1024) or (taps == 1 and n_p <= 512)):
         # a main loop of a few K steps and an epilogue that stores as much as it reads: two
         # programs per SM walking the tiles overlap one tile's stores with the next one's loads
@@ -66,6 +73,12 @@ def launch_config(taps: int, phases: int, n_p: int, cin_p: int, whole_row: bool,
     # elsewhere (1x1, transposed, the fused residual unit) a smaller tile lets two or three
     # programs share an SM, so one's epilogue overlaps another's main loop (H200 sweep)
     return Tiles(64, block_n, block_k, 4, 3)
+
+
+def _operand_bytes(tiles: Tiles, element_size: int) -> int:
+    """Shared memory of a tile's pipelined operands, one buffer per stage."""
+    a, w = (tiles.block_m, tiles.block_k), (tiles.block_k, tiles.block_n)
+    return tile_shared_memory(a, w, element_size=element_size, num_stages=tiles.stages)
 
 
 def output(shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
@@ -93,8 +106,9 @@ def snake_conv_plan(call: Call) -> SimpleNamespace | None:
     head_p = max(16, next_power_of_2(head_taps * head_c))
     interpret = call.backend == "interpret"
     tma = _tma_fits(x, cin, cin_p, n, n_p, interpret)
+    smem = device_facts(x.device).shared_memory_per_block
     tiles = launch_config(taps, phases, n_p, cin_p, pointwise or head, pointwise, rows * batch,
-                          interpret, tma)  # fmt: skip
+                          interpret, tma, smem, x.element_size())  # fmt: skip
     stand_in = torch.zeros(1, dtype=torch.float32, device=x.device)  # never read
     absent = {name: stand_in for name in LAYER_TENSORS if call[name] is None}
     absent.update(x_desc=stand_in, w_desc=stand_in)
