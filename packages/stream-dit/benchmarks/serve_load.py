@@ -61,18 +61,8 @@ def main() -> None:
     frames = (50, 100, 250) if on_gpu else (16, 32, 64)
     if args.frames:
         frames = tuple(int(f) for f in args.frames.split(","))
-    cfg = LoadConfig(
-        clients=40 if args.quick else args.clients,
-        preset=args.preset or ("small" if on_gpu else "tiny"),
-        device=args.device,
-        dtype=args.dtype,
-        depth=args.depth,
-        max_queue=args.max_queue,
-        frames=frames,
-        steps=args.steps or 8,
-        malformed_every=args.malformed_every,
-        disconnect_every=args.disconnect_every,
-    )
+    cfg = _load_config(args, frames, preset=args.preset or ("small" if on_gpu else "tiny"),
+                       device=args.device)  # fmt: skip
     if args.dtype != "float32":  # batched and alone rows round differently at low precision
         cfg.atol = cfg.rtol = 5e-2
     res = run_load(cfg)
@@ -91,6 +81,21 @@ def main() -> None:
     raise SystemExit(0 if ok else 1)
 
 
+def _load_config(args, frames: tuple[int, ...], **settings) -> LoadConfig:
+    """The load test's settings shared by the single-server and Ray runs, plus ``settings``."""
+    return LoadConfig(
+        clients=40 if args.quick else args.clients,
+        dtype=args.dtype,
+        depth=args.depth,
+        max_queue=args.max_queue,
+        frames=frames,
+        steps=args.steps or 8,
+        malformed_every=args.malformed_every,
+        disconnect_every=args.disconnect_every,
+        **settings,
+    )
+
+
 def ray_main(args) -> None:
     """One load run per replica count; records compare each count's throughput with the first."""
     counts = [int(n) for n in args.replicas.split(",")]
@@ -99,17 +104,11 @@ def ray_main(args) -> None:
     runs: list[dict] = []
     for _ in range(args.repeat):
         for replicas in counts:
-            cfg = LoadConfig(
-                clients=40 if args.quick else args.clients,
+            cfg = _load_config(
+                args,
+                frames,
                 preset=args.preset or "tiny",
                 device="cpu",
-                dtype=args.dtype,
-                depth=args.depth,
-                max_queue=args.max_queue,
-                frames=frames,
-                steps=args.steps or 8,
-                malformed_every=args.malformed_every,
-                disconnect_every=args.disconnect_every,
                 retries=100,
                 ray=True,
                 replicas=replicas,
