@@ -1,7 +1,10 @@
 """Warm speed with shipped launch-config tables against autotuning: each benchmark script runs
-twice, each time in its own process, once as shipped and once with ``TRITON_DISPATCH_AUTOTUNE=1``
-(every regime benchmarks its config space on its first call), and the ``ours`` column of each
-case is compared (GPU median of ``do_bench`` and wall time per call).
+twice, each time in its own process, once with the tables alone (the first-call short tune of a
+card without rows of its own off, ``TRITON_DISPATCH_BOUNDED_TUNE=0``, and nothing read from the
+tuning cache) and once with ``TRITON_DISPATCH_AUTOTUNE=1`` (every regime benchmarks its config
+space on its first call), and the ``ours`` column of each case is compared (GPU median of
+``do_bench`` and wall time per call). ``--bounded`` adds a third run with the short tune on and
+an empty tuning cache (what a card without a table of its own gets on its first calls).
 
     python3 tools/gpu/table_vs_autotune.py --out table_vs_autotune.json \\
         packages/vq-kernels/benchmarks/quantize.py packages/tomo-kplanes/benchmarks/training_step.py
@@ -21,14 +24,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(script: Path, autotune: bool, out: Path, timeout: int) -> list[dict]:
+MODES = ("table", "autotuned", "bounded")
+
+
+def run(script: Path, mode: str, out: Path, timeout: int) -> list[dict]:
+    """The records of one run of ``script`` with configs from ``mode`` (one of :data:`MODES`)."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
-    if autotune:
+    env.pop("TRITON_DISPATCH_AUTOTUNE", None)
+    env["TRITON_DISPATCH_TUNING_CACHE"] = "0"  # tune now, not from an earlier run's files
+    env["TRITON_DISPATCH_BOUNDED_TUNE"] = "0"
+    if mode == "autotuned":
         env["TRITON_DISPATCH_AUTOTUNE"] = "1"
-        env["TRITON_DISPATCH_TUNING_CACHE"] = "0"  # tune now, not from an earlier run's files
-    else:
-        env.pop("TRITON_DISPATCH_AUTOTUNE", None)
+    elif mode == "bounded":  # an empty cache of its own: the short tune runs and keeps its picks
+        env["TRITON_DISPATCH_BOUNDED_TUNE"] = "1"
+        env["TRITON_DISPATCH_TUNING_CACHE"] = "1"
+        env["TRITON_DISPATCH_CACHE_DIR"] = str(out.parent / "bounded-cache")
     proc = subprocess.run(
         [sys.executable, str(script), "--out", str(out)],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
@@ -48,37 +59,45 @@ def main() -> None:
     parser.add_argument("scripts", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("table_vs_autotune.json"))
     parser.add_argument("--timeout", type=int, default=300)
+    parser.add_argument("--bounded", action="store_true", help="add a run with the short tune")
     args = parser.parse_args()
     rows, errors = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for script in args.scripts:
             start = time.perf_counter()
             try:
-                table = run(script, False, Path(tmp) / "table.json", args.timeout)
-                tuned = run(script, True, Path(tmp) / "tuned.json", args.timeout)
+                table = run(script, "table", Path(tmp) / "table.json", args.timeout)
+                tuned = run(script, "autotuned", Path(tmp) / "tuned.json", args.timeout)
+                bounded = (run(script, "bounded", Path(tmp) / "bounded.json", args.timeout)
+                           if args.bounded else [])  # fmt: skip
             except (RuntimeError, subprocess.TimeoutExpired) as error:
                 errors.append({"script": str(script), "error": str(error)[-3000:]})
                 continue
             by_case = {_case(r): r for r in tuned}
+            bounded_by_case = {_case(r): r for r in bounded}
             for r in table:
                 t = by_case.get(_case(r))
                 if t is None or not r["ours_ms"] or not t["ours_ms"]:
                     continue
+                b = bounded_by_case.get(_case(r), {})
                 rows.append({
                     "script": script.name, "case": r["name"], "shape": r["shape"],
                     "table_ms": r["ours_ms"], "autotuned_ms": t["ours_ms"],
                     "table_wall_ms": r.get("ours_wall_ms"), "autotuned_wall_ms": t.get("ours_wall_ms"),
                     "table_over_autotuned": r["ours_ms"] / t["ours_ms"],
+                    "bounded_ms": b.get("ours_ms"),
                 })  # fmt: skip
             print(f"{script.name}: {time.perf_counter() - start:.0f} s", flush=True)
     args.out.write_text(json.dumps({"rows": rows, "errors": errors}, indent=1))
-    print("| script | case | table ms | autotuned ms | table / autotuned | wall: table, autotuned |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| script | case | table ms | autotuned ms | table / autotuned | wall: table, autotuned "
+          "| short tune ms |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         walls = ", ".join(f"{w:.3f}" if w else "-" for w in (r["table_wall_ms"], r["autotuned_wall_ms"]))
         shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
+        short = f"{r['bounded_ms']:.4f}" if r["bounded_ms"] else "-"
         print(f"| {r['script']} | {r['case']} ({shape}) | {r['table_ms']:.4f} | {r['autotuned_ms']:.4f} | "
-              f"{r['table_over_autotuned']:.3f} | {walls} |")  # fmt: skip
+              f"{r['table_over_autotuned']:.3f} | {walls} | {short} |")  # fmt: skip
     for e in errors:
         print(f"ERROR {e['script']}: {e['error'][-600:]}")
 

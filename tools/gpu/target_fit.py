@@ -56,6 +56,7 @@ def main() -> int:
         for plan, use in measured:
             records.append({
                 "package": package, "kernel": plan.kernel, "target": plan.target.name,
+                "card": plan.card.slug if plan.card is not None else None,
                 "limit": plan.target.shared_memory_per_block, "rank": plan.rank,
                 "source": plan.source, "config": str(plan.config), "key": plan.key,
                 "shared": use.shared, "error": use.error,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from triton_dispatch.cards import as_card
 from triton_dispatch.compile_check import recorded_launches, unavailable_reason
 from triton_dispatch.device import DeviceFacts, device_facts, simulated_device
 from triton_dispatch.gpu_targets import (
@@ -17,7 +18,8 @@ from triton_dispatch.gpu_targets import (
     runs_on,
     target_of,
 )
-from triton_dispatch.launch_configs import family_capability, tables_by_nearness
+from triton_dispatch.launch_configs import family_capability, parse_table
+from triton_dispatch.table_rows import tables_by_nearness
 
 compiles = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
@@ -50,14 +52,13 @@ def test_a_simulated_device_answers_for_every_device():
     assert device_facts("cpu").name == "cpu"
 
 
-def test_tables_are_read_nearest_card_first(monkeypatch):
-    import triton_dispatch.launch_configs as lc
-
-    tables = {"sm90": {"k": [{}]}, "sm100": {"k": [{}]}, "sm80": {"k": [{}]}}
-    monkeypatch.setattr(lc, "package_table", lambda package, family: tables.get(family, {}))
-    order = lambda capability: [f for f, _ in tables_by_nearness("pkg", capability)]
-    assert order((9, 0)) == ["sm90", "sm80", "sm100"]  # its own, then the older card on a tie
-    assert order((12, 0)) == ["sm100", "sm90", "sm80"]  # no table of its own: the nearest card's
+def test_older_family_tables_are_read_nearest_card_first():
+    """Tables named by family (no card) stand for their family's first known card: an H100 for
+    sm90, an A100 for sm80, a B200 for sm100."""
+    tables = [parse_table({"kernels": {"k": [{}]}}, f) for f in ("sm90", "sm100", "sm80")]
+    order = lambda capability: [t.name for t in tables_by_nearness(tables, as_card(capability))]
+    assert order((9, 0)) == ["sm90", "sm80", "sm100"]  # its own, then within its shared memory
+    assert order((12, 0)) == ["sm80", "sm90", "sm100"]  # none of its own: nearest by bandwidth
     assert order((8, 6)) == ["sm80", "sm90", "sm100"]  # the same major version first
     assert family_capability("sm120") == (12, 0) and family_capability("cpu") is None
 

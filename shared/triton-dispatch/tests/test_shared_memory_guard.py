@@ -13,6 +13,7 @@ import torch
 import triton_dispatch.launch_configs as lc
 import triton_dispatch.tuned_kernel as tk
 from triton_dispatch import autotune, set_autotune
+from triton_dispatch.bounded_tune import BOUNDED_TUNE_ENV_VAR
 from triton_dispatch.compile_check import unavailable_reason
 from triton_dispatch.device import simulated_device
 from triton_dispatch.gpu_targets import compile_for_targets, describe_launch, target_of
@@ -23,6 +24,7 @@ from triton_dispatch.shared_memory import (
 )
 
 RTX_5090 = target_of((12, 0))
+H100 = "NVIDIA H100 80GB HBM3"
 
 
 @pytest.fixture
@@ -36,8 +38,10 @@ def kernels(monkeypatch):
 
 def _as_on_a_gpu(monkeypatch, kernels, shared_of, *, default=None):
     """The tuned tile kernel built as on a GPU (its whole space): launches are recorded, a
-    compile (``warmup=True``) returns a kernel of ``shared_of[(BLOCK_K, num_stages)]`` bytes."""
+    compile (``warmup=True``) returns a kernel of ``shared_of[(BLOCK_K, num_stages)]`` bytes.
+    The first-call short tune is off (it would time on the GPU; test_bounded_tune fakes it)."""
     monkeypatch.setattr(tk, "interpreter_enabled", lambda: False)
+    monkeypatch.setenv(BOUNDED_TUNE_ENV_VAR, "0")
     space = kernels.SPACE
     kernel = autotune(space, key=["K"], default=default or space[4])(kernels.tile_dot_kernel)
     launched: list[dict] = []
@@ -57,11 +61,12 @@ def _launch(kernel, k=1024):
     kernel[(1,)](a, b, c, k, BLOCK_M=128, BLOCK_N=128)
 
 
-def _sm90_table(monkeypatch, *configs):
+def _h100_table(monkeypatch, *configs):
     rows = [{"key": {"K": 1024, "A": "torch.float16", "B": "torch.float16", "C": "torch.float32"},
-             "config": lc.config_to_json(c)} for c in configs]  # fmt: skip
-    tables = {("target_kernels", "sm90"): {"tile_dot_kernel": rows}}
-    monkeypatch.setattr(lc, "package_table", lambda pkg, fam: tables.get((pkg, fam), {}))
+             "config": lc.config_to_json(c), "card": H100} for c in configs]  # fmt: skip
+    table = lc.parse_table({"card": H100, "family": "sm90", "kernels": {"tile_dot_kernel": rows}},
+                           "h100")  # fmt: skip
+    monkeypatch.setattr(lc, "package_tables", lambda pkg: [table] * (pkg == "target_kernels"))
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +93,12 @@ def on_rtx_5090():
 def test_a_card_without_a_table_gets_a_config_that_fits_it(monkeypatch, kernels, on_rtx_5090):
     """An RTX 5090 (sm_120, 99 KB per block) has no table: it reads the H100's, whose row for
     this regime (128-wide K steps, 3 stages: 192 KB on an H100) needs 128 KB there. The guard
-    passes it over and launches the next config, which fits."""
+    passes it over and launches the next config, which fits (the short tune off; with it, see
+    test_bounded_tune)."""
     limit = RTX_5090.shared_memory_per_block
     big = next(c for c in kernels.SPACE if c.kwargs["BLOCK_K"] == 128 and c.num_stages == 3)
     assert on_rtx_5090[(128, 3)] > limit >= on_rtx_5090[(64, 3)]  # measured, not assumed
-    _sm90_table(monkeypatch, big)
+    _h100_table(monkeypatch, big)
     kernel, launched = _as_on_a_gpu(monkeypatch, kernels, on_rtx_5090)
     assert kernel.select({"K": 1024, "A": torch.float16, "B": torch.float16,
                           "C": torch.float32}, (12, 0))[1] == "borrowed"  # fmt: skip

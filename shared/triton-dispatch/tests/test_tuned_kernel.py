@@ -32,11 +32,16 @@ def _scale_kernel(X, Y, n, N_BUCKET, FLAG: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(Y + offs, tl.load(X + offs, mask=offs < n) * 2, mask=offs < n)
 
 
+H100 = "NVIDIA H100 80GB HBM3"
+
+
 def _kernel(monkeypatch, rows, *, default=DEFAULT, prune=None):
+    """The scale kernel of package ``fake_kernels``, whose one table is an H100's."""
     kernel = autotune(SPACE, key=["N_BUCKET", "FLAG"], default=default, prune=prune)(_scale_kernel)
     kernel.package = "fake_kernels"
-    tables = {("fake_kernels", "sm90"): {"_scale_kernel": rows}}
-    monkeypatch.setattr(lc, "package_table", lambda pkg, fam: tables.get((pkg, fam), {}))
+    data = {"card": H100, "family": "sm90", "kernels": {"_scale_kernel": rows}}
+    tables = [lc.parse_table(data, "h100")] if rows else []
+    monkeypatch.setattr(lc, "package_tables", lambda pkg: tables if pkg == "fake_kernels" else [])
     return kernel
 
 
@@ -44,6 +49,7 @@ def _row(n_bucket, flag, block, warps=4, stages=2, dtype="torch.float32"):
     return {
         "key": {"N_BUCKET": n_bucket, "FLAG": flag, "X": dtype, "Y": dtype},
         "config": {"kwargs": {"BLOCK": block}, "num_warps": warps, "num_stages": stages},
+        "card": H100,
     }
 
 
@@ -64,7 +70,7 @@ def test_exact_row_then_nearest_row_then_heuristic(monkeypatch):
     # a flag that differs costs more than any size: the row with the same flag wins
     config, _ = kernel.select(_key(64, True), (9, 0))
     assert config.kwargs == {"BLOCK": 64} and config.num_warps == 8
-    # no table for this family: the nearest card's rows
+    # no table for this card: the nearest card's rows
     config, source = kernel.select(_key(1024, False), (8, 0))
     assert source == "borrowed" and config.kwargs == {"BLOCK": 128} and config.num_warps == 8
     # no rows for this kernel anywhere: the declared default
@@ -111,7 +117,7 @@ def test_malformed_tables_are_ignored_with_a_warning():
         assert lc.validate_table({"kernels": {"k": "not rows"}}, "x.json") == {}
     with pytest.warns(RuntimeWarning):
         assert lc.validate_table([], "x.json") == {}
-    assert lc.package_table("json", "sm90") == {}  # a package without tables
+    assert lc.load_table("json", "sm90") is None  # a package without tables
 
 
 def test_config_json_round_trip():
@@ -227,7 +233,7 @@ def _gpu_style_kernel(monkeypatch, launched, shared=lambda kw: 0, default=DEFAUL
 
 def test_opt_in_autotuning_benchmarks_once_and_a_new_process_reads_the_result(tmp_path, monkeypatch):
     monkeypatch.setenv(tuning_cache.CACHE_DIR_ENV_VAR, str(tmp_path))
-    monkeypatch.setattr(lc, "package_table", lambda pkg, fam: {})
+    monkeypatch.setattr(lc, "package_tables", lambda pkg: [])
     x, y = torch.zeros(8), torch.zeros(8)
     launched: list[dict] = []
     set_autotune(True, "fake_kernels")

@@ -26,6 +26,9 @@ class DeviceFacts:
         shared_memory_per_block: the most shared memory one program may use, in bytes, opt-in
             limit included (what Triton compares its kernels against).
         total_memory: device memory in bytes (0 when unknown).
+        memory_bandwidth_gbs: peak device-memory bandwidth in GB/s, from the memory clock and
+            bus width the driver reports (0 when unknown): what
+            :mod:`triton_dispatch.cards` ranks a card without a table of its own by.
     """
 
     name: str
@@ -33,6 +36,7 @@ class DeviceFacts:
     sm_count: int
     shared_memory_per_block: int
     total_memory: int
+    memory_bandwidth_gbs: float = 0.0
 
     @property
     def is_hopper_or_newer(self) -> bool:
@@ -56,7 +60,16 @@ def _cuda_facts(index: int) -> DeviceFacts:
         sm_count=props.multi_processor_count,
         shared_memory_per_block=int(smem),
         total_memory=int(props.total_memory),
+        memory_bandwidth_gbs=_memory_bandwidth_gbs(props),
     )
+
+
+def _memory_bandwidth_gbs(props) -> float:
+    """Peak bandwidth from the memory clock (kHz) and bus width (bits) of ``props``; double
+    data rate, so two transfers per clock (an H100 SXM: 2619 MHz, 5120 bits, 3352 GB/s)."""
+    clock_khz = getattr(props, "memory_clock_rate", 0) or 0
+    bus_bits = getattr(props, "memory_bus_width", 0) or 0
+    return round(2 * clock_khz * 1e3 * bus_bits / 8 / 1e9, 1)
 
 
 @lru_cache(maxsize=1)

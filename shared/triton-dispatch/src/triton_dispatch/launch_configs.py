@@ -1,22 +1,26 @@
-"""Launch-config tables shipped inside kernel packages, and the nearest-row lookup over them.
+"""Launch-config tables shipped inside kernel packages, one per card: their format and loading.
 
-A table is a JSON file ``<package>/launch_configs/<family>.json`` (``sm90`` for H100/H200, ``sm80``
-for A100, ...) written by ``python -m triton_dispatch.tune``. It says what made it (device, date,
-versions, command) and, per kernel, rows of a shape-regime key and the config the tuning run picked
-for it::
+A table is a JSON file ``<package>/launch_configs/<card slug>.json`` (``h100.json``, ``h200.json``;
+:mod:`triton_dispatch.cards` names the slugs) written by ``python -m triton_dispatch.tune`` on that
+card. It names the card that made it, its compute-capability family and the card's facts (so a
+card the registry does not know can still be ranked), what made it (date, versions, command) and,
+per kernel, rows of a shape-regime key and the config the tuning run picked for it, each row
+naming the card it was measured on::
 
-    {"family": "sm90", "device": "NVIDIA H100 80GB HBM3", "date": "2026-11-25",
-     "triton": "3.6.0", "torch": "2.11.0+cu130", "command": "python -m triton_dispatch.tune ...",
+    {"card": "NVIDIA H100 80GB HBM3", "family": "sm90",
+     "card_facts": {"capability": [9, 0], "memory_bandwidth_gbs": 3350,
+                    "sm_count": 132, "shared_memory_per_block": 232448},
+     "date": "2026-11-25", "triton": "3.6.0", "torch": "2.11.0+cu130",
+     "command": "python -m triton_dispatch.tune ...",
      "kernels": {"maxsim_fwd_kernel": [
          {"key": {"LQ_BUCKET": 32, "BLOCK_K": 128, ..., "Q": "torch.bfloat16"},
           "config": {"kwargs": {"BLOCK_Q": 32, ...}, "num_warps": 4, "num_stages": 3},
-          "ms": 0.0123}]}}
+          "ms": 0.0123, "card": "NVIDIA H100 80GB HBM3"}]}}
 
-A key that has no row takes the row whose key is nearest (the same flags and dtypes, the closest
-sizes on a log scale), so a regime between two tuned ones gets a neighbour's config, not a default.
-A card whose family has no table takes the rows of the nearest card's table
-(:func:`tables_by_nearness`); the runtime guard (:mod:`triton_dispatch.shared_memory`) passes
-over the rows whose kernels do not fit its shared memory.
+A row may carry a free-text ``note`` (how a row measured outside the tuning command was made).
+:func:`table_problems` holds a file to this format. Older tables named by family (``sm90.json``,
+no ``card``) are still read: their rows count as every card of that family's own. Which rows a
+running card reads, and in what order, is :mod:`triton_dispatch.table_rows`.
 """
 
 from __future__ import annotations
@@ -25,11 +29,15 @@ import functools
 import importlib.resources
 import json
 import math
+import re
 import warnings
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from .cards import Card, card_by_slug, card_from_description, slug_of
 
 #: The folder inside a package that holds its tables.
 TABLE_FOLDER = "launch_configs"
@@ -37,6 +45,8 @@ TABLE_FOLDER = "launch_configs"
 # Mismatch costs of the nearest-row search: one power of two of size is 1; a different flag or
 # dtype costs more than any plausible size distance, so a row with the same flags always wins.
 _FLAG_MISMATCH = 16.0
+
+_FAMILY_NAME = re.compile(r"sm\d{2,3}")
 
 
 def device_family(capability: tuple[int, int]) -> str:
@@ -124,40 +134,171 @@ def _warn(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def validate_table(data: Any, origin: str) -> dict[str, list[Mapping[str, Any]]]:
-    """The ``kernels`` mapping of a loaded table, or ``{}`` with a warning when it is malformed."""
+def is_family_name(name: str) -> bool:
+    """Whether a table stem names a compute-capability family (``sm90``: an older table)."""
+    return bool(_FAMILY_NAME.fullmatch(name))
+
+
+@dataclass(frozen=True)
+class LaunchTable:
+    """One table file of a package.
+
+    Attributes:
+        name: the file's stem: a card slug (``"h100"``), or a family (``"sm90"``) in older tables.
+        card: the card that made it (``None`` for an older family table, whose rows stand for
+            every card of :attr:`family`).
+        family: the compute-capability family of its card (``"sm90"``).
+        kernels: its rows per kernel name.
+        header: everything else the file records (card, date, versions, command).
+    """
+
+    name: str
+    card: Card | None
+    family: str
+    kernels: Mapping[str, list[Mapping[str, Any]]]
+    header: Mapping[str, Any] = field(default_factory=dict)
+
+    def row_card(self, row: Mapping[str, Any]) -> Card | None:
+        """The card that measured ``row``: its own ``card`` field, else the table's (``None`` for
+        a row of an older family table)."""
+        name = row.get("card")
+        if not isinstance(name, str) or not name:
+            return self.card
+        if self.card is not None and name == self.card.name:
+            return self.card
+        return _named_card(name, family_capability(self.family))
+
+
+@functools.cache
+def _named_card(name: str, capability: tuple[int, int] | None) -> Card:
+    return card_from_description(name, capability=capability)
+
+
+def _kernels(data: Any) -> dict[str, list[Mapping[str, Any]]] | None:
     kernels = data.get("kernels") if isinstance(data, Mapping) else None
     if not isinstance(kernels, Mapping) or not all(
         isinstance(rows, list) and all(isinstance(r, Mapping) for r in rows)
         for rows in kernels.values()
     ):
-        _warn(f"ignoring launch-config table {origin}: no 'kernels' mapping of row lists")
-        return {}
+        return None
     return {str(name): list(rows) for name, rows in kernels.items()}
 
 
-@functools.cache
-def package_table(package: str, family: str) -> dict[str, list[Mapping[str, Any]]]:
-    """The rows per kernel of ``package``'s shipped table for ``family`` (``{}`` when there is
-    none). A malformed file is ignored with a warning."""
+def validate_table(data: Any, origin: str) -> dict[str, list[Mapping[str, Any]]]:
+    """The ``kernels`` mapping of a loaded table, or ``{}`` with a warning when it is malformed."""
+    kernels = _kernels(data)
+    if kernels is None:
+        _warn(f"ignoring launch-config table {origin}: no 'kernels' mapping of row lists")
+        return {}
+    return kernels
+
+
+def parse_table(data: Any, name: str, origin: str | None = None) -> LaunchTable | None:
+    """The :class:`LaunchTable` of a file's JSON ``data`` whose stem is ``name``; ``None`` with a
+    warning when it cannot be read as one. Lenient where the meaning is clear: a card table
+    without ``card`` takes the card its stem names. :func:`table_problems` is the strict check."""
+    origin = origin or f"{name}.json"
+    kernels = validate_table(data, origin)
+    if not kernels:
+        return None
+    header = {k: v for k, v in data.items() if k != "kernels"}
+    card_name, family = header.get("card"), header.get("family")
+    if isinstance(card_name, str) and card_name:
+        stated = family_capability(family) if isinstance(family, str) else None
+        try:
+            card = card_from_description(card_name, header.get("card_facts"), capability=stated)
+        except ValueError as exc:
+            _warn(f"ignoring launch-config table {origin}: {exc}")
+            return None
+        return LaunchTable(name, card, card.family, kernels, header)
+    if is_family_name(name):
+        return LaunchTable(name, None, name, kernels, header)
+    card = card_by_slug(name)
+    if card is None:
+        _warn(f"ignoring launch-config table {origin}: it names no card and {name!r} is no "
+              "known card's slug")  # fmt: skip
+        return None
+    return LaunchTable(name, card, card.family, kernels, header)
+
+
+def _row_problems(row: Mapping[str, Any], where: str) -> list[str]:
+    problems = []
+    if not isinstance(row.get("key"), Mapping):
+        problems.append(f"{where}: no 'key' mapping")
     try:
-        resource = importlib.resources.files(package) / TABLE_FOLDER / f"{family}.json"
+        config_from_json(row.get("config"))
+    except ValueError as exc:
+        problems.append(f"{where}: {exc}")
+    if not isinstance(row.get("card"), str) or not row["card"]:
+        problems.append(f"{where}: no 'card' naming the GPU that measured it")
+    ms = row.get("ms")
+    if ms is not None and (isinstance(ms, bool) or not isinstance(ms, (int, float))):
+        problems.append(f"{where}: 'ms' is {ms!r}, not a number")
+    return problems
+
+
+def table_problems(data: Any, name: str) -> list[str]:
+    """What keeps the JSON ``data`` of table file ``<name>.json`` from the format of this module
+    (empty when nothing): a family name or no ``card`` (rows must say which card made them), a
+    stem that is not its card's slug, a ``family`` that is not its card's, ``card_facts``
+    missing for a card the registry does not know, rows without a key, a config or a card."""
+    origin = f"{name}.json"
+    if _kernels(data) is None:
+        return [f"{origin}: no 'kernels' mapping of row lists"]
+    if is_family_name(name) or not isinstance(data.get("card"), str) or not data["card"]:
+        return [f"{origin}: a table names the card that made it ('card') and is named by its "
+                f"slug (python -m triton_dispatch.tune writes <slug>.json)"]  # fmt: skip
+    problems = []
+    card_name, facts = data["card"], data.get("card_facts")
+    if slug_of(card_name) != name:
+        problems.append(
+            f"{origin}: made on {card_name!r}, so its name is {slug_of(card_name)}.json"
+        )
+    family = data.get("family")
+    stated = family_capability(family) if isinstance(family, str) else None
+    try:
+        card = card_from_description(card_name, facts, capability=stated)
+    except ValueError as exc:
+        return [*problems, f"{origin}: {exc}"]
+    if facts is None and card.pattern is None:
+        problems.append(f"{origin}: {card_name!r} is not a known card: record its 'card_facts'")
+    elif family != card.family:
+        problems.append(f"{origin}: 'family' is {family!r}; {card_name} is {card.family}")
+    for kernel, rows in data["kernels"].items():
+        for i, row in enumerate(rows):
+            problems += _row_problems(row, f"{origin}: {kernel} row {i}")
+    return problems
+
+
+def _read_json(package: str, name: str) -> tuple[Any, str] | None:
+    """The parsed JSON of ``package``'s table ``name`` and its origin, ``None`` when there is no
+    such file; a file that is not JSON is ignored with a warning."""
+    origin = f"{package}/{TABLE_FOLDER}/{name}.json"
+    try:
+        resource = importlib.resources.files(package) / TABLE_FOLDER / f"{name}.json"
         if not resource.is_file():
-            return {}
+            return None
         text = resource.read_text(encoding="utf-8")
     except (ModuleNotFoundError, FileNotFoundError, NotADirectoryError, TypeError):
-        return {}
+        return None
     try:
-        data = json.loads(text)
+        return json.loads(text), origin
     except ValueError as exc:
-        _warn(f"ignoring launch-config table {package}/{TABLE_FOLDER}/{family}.json: {exc}")
-        return {}
-    return validate_table(data, f"{package}/{TABLE_FOLDER}/{family}.json")
+        _warn(f"ignoring launch-config table {origin}: {exc}")
+        return None
 
 
 @functools.cache
-def table_families(package: str) -> tuple[str, ...]:
-    """The families ``package`` ships tables for (its table files' stems)."""
+def load_table(package: str, name: str) -> LaunchTable | None:
+    """``package``'s shipped table ``<name>.json`` (``None`` when there is none; a malformed file
+    is ignored with a warning)."""
+    read = _read_json(package, name)
+    return parse_table(read[0], name, read[1]) if read is not None else None
+
+
+@functools.cache
+def table_names(package: str) -> tuple[str, ...]:
+    """The stems of the tables ``package`` ships (card slugs; families in older packages)."""
     try:
         folder = importlib.resources.files(package) / TABLE_FOLDER
         files = [f for f in folder.iterdir() if f.name.endswith(".json")] if folder.is_dir() else []
@@ -166,32 +307,15 @@ def table_families(package: str) -> tuple[str, ...]:
     return tuple(sorted(f.name[: -len(".json")] for f in files))
 
 
+def package_tables(package: str) -> list[LaunchTable]:
+    """Every table ``package`` ships that could be read, by stem."""
+    tables = (load_table(package, name) for name in table_names(package))
+    return [table for table in tables if table is not None]
+
+
 def shipped_tables(package: str) -> dict[str, dict[str, list[Mapping[str, Any]]]]:
-    """Every table ``package`` ships, by family (file stem)."""
-    return {family: package_table(package, family) for family in table_families(package)}
-
-
-def tables_by_nearness(
-    package: str, capability: tuple[int, int]
-) -> list[tuple[str, dict[str, list[Mapping[str, Any]]]]]:
-    """``(family, table)`` of ``package``'s tables that a device of ``capability`` reads, in
-    order: its own family's, then the other cards' tables, nearest card first (the same major
-    version first, then the closest compute capability, the older card on a tie). A card
-    without a table of its own so takes the nearest known card's rows."""
-    from .gpu_targets import TARGETS
-
-    own = device_family(capability)
-    families = {device_family(t.compute_capability) for t in TARGETS}
-    families.update(table_families(package))
-    number = capability[0] * 10 + capability[1]
-
-    def distance(family: str) -> tuple:
-        major, minor = family_capability(family) or (0, 0)
-        return (major != capability[0], abs(major * 10 + minor - number), major * 10 + minor)
-
-    others = sorted((f for f in families - {own} if family_capability(f)), key=distance)
-    tables = [(family, package_table(package, family)) for family in (own, *others)]
-    return [(family, table) for family, table in tables if table]
+    """Every table ``package`` ships, its rows per kernel by stem."""
+    return {table.name: dict(table.kernels) for table in package_tables(package)}
 
 
 def import_kernel_modules(package: str) -> None:
@@ -210,9 +334,10 @@ def import_kernel_modules(package: str) -> None:
 
 
 def check_package_tables(package: str) -> list[str]:
-    """What is wrong with ``package``'s shipped tables against its kernels (empty when nothing):
-    two tuned kernels of one name, rows of an unknown kernel, key fields the kernel does not key
-    on, configs outside the kernel's space."""
+    """What is wrong with ``package``'s shipped tables against this module's format
+    (:func:`table_problems`) and its kernels (empty when nothing): two tuned kernels of one
+    name, rows of an unknown kernel, key fields the kernel does not key on, configs outside the
+    kernel's space."""
     from .autotune_mode import tuned_kernels
 
     import_kernel_modules(package)
@@ -222,6 +347,11 @@ def check_package_tables(package: str) -> list[str]:
     problems += [
         f"two tuned kernels named {n}" for n in sorted({n for n in names if names.count(n) > 1})
     ]
+    for name in table_names(package):
+        read = _read_json(package, name)
+        problems += (
+            table_problems(read[0], name) if read is not None else [f"{name}.json: not JSON"]
+        )
     by_name = {k.name: k for k in kernels}
     for family, table in shipped_tables(package).items():
         for name, rows in table.items():
@@ -248,19 +378,23 @@ def check_package_tables(package: str) -> list[str]:
 
 __all__ = [
     "TABLE_FOLDER",
+    "LaunchTable",
     "check_package_tables",
     "config_from_json",
     "config_to_json",
     "device_family",
     "family_capability",
     "import_kernel_modules",
+    "is_family_name",
     "jsonable",
     "key_distance",
+    "load_table",
     "nearest_rows",
-    "package_table",
+    "package_tables",
+    "parse_table",
     "same_config",
     "shipped_tables",
-    "table_families",
-    "tables_by_nearness",
+    "table_names",
+    "table_problems",
     "validate_table",
 ]

@@ -2,10 +2,12 @@
 
 For each tuned kernel of a package (:func:`~triton_dispatch.autotune_mode.tuned_kernels`), each
 shape regime it has a table row for (every shipped table's keys) or that a warm-up launched, and
-each target of :data:`~triton_dispatch.gpu_targets.TARGETS`, :func:`planned_launches` works out
-the config the runtime picks first on that target without compiling anything: the kernel's own
+each known card (:data:`~triton_dispatch.cards.KNOWN_CARDS`) of each target of
+:data:`~triton_dispatch.gpu_targets.TARGETS` (cards of one target read different tables: an H200
+its own rows, an H100 its own), :func:`planned_launches` works out the config the runtime picks
+first on that card without compiling anything: the kernel's own
 :meth:`~triton_dispatch.tuned_kernel.TunedKernel.ranked` order, with its ``prune`` hook run
-against the target's shared memory (:func:`~triton_dispatch.device.simulated_device`). The
+against the card's shared memory (:func:`~triton_dispatch.device.simulated_device`). The
 launch it compiles is a recorded interpreter launch of the kernel (the one closest to the regime)
 with the regime's key and the config laid over it, so block sizes, head dimensions and dtypes
 are the GPU's. :func:`check_targets` compiles each for its target and reports the ones that
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .cards import KNOWN_CARDS, Card, family_card
 from .compile_check import recorded_launches
 from .compile_worker import DTYPE_NAMES, describe, run_compile_jobs
 from .device import simulated_device
@@ -34,6 +37,7 @@ __all__ = [
     "EXHAUSTIVE_ENV_VAR",
     "EXHAUSTIVE_SKIP",
     "PlannedLaunch",
+    "cards_of",
     "check_targets",
     "exhaustive_requested",
     "planned_launches",
@@ -54,10 +58,11 @@ def exhaustive_requested() -> bool:
 
 @dataclass(frozen=True)
 class PlannedLaunch:
-    """A launch the runtime would make on ``target``: ``kernel``'s ``config`` for the regime
-    ``key``, taken from ``source`` (``table``, ``nearest``, ``borrowed``, ``heuristic``) at
-    position ``rank`` of the kernel's order (0: its first choice; later ones are what the guard
-    falls back to); ``launch`` is ``(module, name, described, options)`` to compile."""
+    """A launch the runtime would make on ``card``, a card of ``target``: ``kernel``'s
+    ``config`` for the regime ``key``, taken from ``source`` (``table``, ``nearest``,
+    ``borrowed``, ``heuristic``) at position ``rank`` of the kernel's order (0: its first
+    choice; later ones are what the guard falls back to); ``launch`` is ``(module, name,
+    described, options)`` to compile."""
 
     target: GpuTarget
     kernel: str
@@ -66,6 +71,13 @@ class PlannedLaunch:
     source: str
     rank: int
     launch: tuple
+    card: Card | None = None
+
+
+def cards_of(target: GpuTarget) -> list[Card]:
+    """The known cards of ``target`` (its family's stand-in when the registry has none)."""
+    known = [c for c in KNOWN_CARDS if c.capability == target.compute_capability]
+    return known or [family_card(target.compute_capability)]
 
 
 def _torch_dtype(name: str) -> torch.dtype | None:
@@ -136,10 +148,11 @@ def planned_launches(
     targets: Sequence[GpuTarget] = TARGETS,
     every_config: bool = False,
 ) -> list[PlannedLaunch]:
-    """What ``package``'s tuned kernels launch on each target, for each regime of their tables
-    and of ``calls`` (launches recorded under the interpreter, each kernel's arguments taken from
-    them): the first config of each kernel's order, or with ``every_config`` every config the
-    runtime may fall back to. Kernels ``calls`` never launched are left out."""
+    """What ``package``'s tuned kernels launch on each known card of each target, for each
+    regime of their tables and of ``calls`` (launches recorded under the interpreter, each
+    kernel's arguments taken from them): the first config of each kernel's order, or with
+    ``every_config`` every config the runtime may fall back to. Kernels ``calls`` never launched
+    are left out."""
     from .autotune_mode import tuned_kernels
 
     import_kernel_modules(package)
@@ -161,26 +174,34 @@ def planned_launches(
             keys.setdefault(json.dumps(key, sort_keys=True), key)
         for key in keys.values():
             regime = _laid_over(_closest(launches, key, kernel), key)
-            named = _named_args(regime)
             for target in targets:
                 if not runs_on(regime, target):
                     continue
-                with simulated_device(target.facts()):
-                    candidates = kernel.prune(kernel.space, named) if kernel.prune else kernel.space
-                    ranked = kernel.ranked(key, target.compute_capability, candidates, named)
-                for rank, (config, source) in enumerate(ranked if every_config else ranked[:1]):
-                    described = _laid_over(regime, config.kwargs)
-                    launch = (module, kernel.name, described, _options(config))
-                    plans.append(
-                        PlannedLaunch(target, kernel.name, key, config, source, rank, launch)
-                    )
+                for card in cards_of(target):
+                    plans += _card_plans(kernel, module, key, regime, target, card, every_config)
+    return plans
+
+
+def _card_plans(
+    kernel, module: str, key, regime: dict, target: GpuTarget, card: Card, every_config: bool
+) -> list[PlannedLaunch]:
+    """The launches ``card`` makes for one regime of ``kernel`` (its first, or every one)."""
+    named = _named_args(regime)
+    with simulated_device(card.facts()):
+        candidates = kernel.prune(kernel.space, named) if kernel.prune else kernel.space
+        ranked = kernel.ranked(key, card, candidates, named)
+    plans = []
+    for rank, (config, source) in enumerate(ranked if every_config else ranked[:1]):
+        launch = (module, kernel.name, _laid_over(regime, config.kwargs), _options(config))
+        plans.append(PlannedLaunch(target, kernel.name, key, config, source, rank, launch, card))
     return plans
 
 
 def _misfit(plan: PlannedLaunch, use: SharedMemoryUse) -> str:
     key = {k: jsonable(v) for k, v in plan.key.items() if not str(v).startswith("torch.")}
+    card = plan.card.name if plan.card is not None else plan.target.cards
     return (
-        f"{plan.target.name} ({plan.target.cards}): {plan.kernel} at {key} would launch the "
+        f"{plan.target.name} ({card}): {plan.kernel} at {key} would launch the "
         f"{plan.source} config {plan.config}, which needs {use.shared} bytes of shared memory; "
         f"the target has {plan.target.shared_memory_per_block} per block (measured on "
         f"{use.measured_on.name if use.measured_on else plan.target.name})"

@@ -1,14 +1,17 @@
 """The tuning command: benchmark a package's config spaces on this GPU and write its table.
 
     python -m triton_dispatch.tune late_interaction_kernels               # the package's regimes
-    python -m triton_dispatch.tune vq_kernels --shape 65536x1024x64x3 --out my-sm89.json
+    python -m triton_dispatch.tune vq_kernels --shape 65536x1024x64x3 --out my-rtx4090.json
 
 It switches autotuning on for the package (ignoring earlier results on disk, so every regime is
 measured now), runs the package's ``warmup()`` on the shapes named (``--shape``, in that package's
 notation; by default its ``TUNING_SHAPES``), and writes every regime's winner as a launch-config
-table (:mod:`triton_dispatch.launch_configs`) that says what device, date, versions and command made
-it. Without ``--out`` it writes the package's own table for this GPU's family, merged with the
-rows already there; review the diff like code before shipping it.
+table (:mod:`triton_dispatch.launch_configs`) that names the card (in the table and in each row),
+its facts, the date, versions and command. Without ``--out`` it writes the package's own table
+for this card, ``<package>/launch_configs/<slug>.json`` (:func:`~triton_dispatch.cards.slug_of`:
+``h100.json`` on an H100, ``h200.json`` on an H200), its new rows merged into the rows already
+there (a row of the same key replaced; ``--replace`` drops the old rows); review the diff like
+code before shipping it.
 """
 
 from __future__ import annotations
@@ -28,19 +31,22 @@ from typing import Any
 import torch
 
 from .autotune_mode import set_autotune, tuned_kernels
-from .device import device_facts
-from .launch_configs import TABLE_FOLDER, config_to_json, device_family, jsonable
+from .cards import card_of, describe_card
+from .device import DeviceFacts, device_facts
+from .launch_configs import TABLE_FOLDER, config_to_json, jsonable
 from .tuning_cache import CACHE_ENV_VAR
 
 
-def table_rows(package: str) -> dict[str, list[dict[str, Any]]]:
-    """Rows of every regime the package's kernels tuned (or read from disk) in this process."""
+def table_rows(package: str, card: str) -> dict[str, list[dict[str, Any]]]:
+    """Rows of every regime the package's kernels tuned (or read from disk) in this process,
+    each naming ``card``, the card they were measured on."""
     rows: dict[str, list[dict[str, Any]]] = {}
     for kernel in tuned_kernels(package):
         for key, (config, ms) in kernel.tuned.items():
             row = {"key": {k: jsonable(v) for k, v in key}, "config": config_to_json(config)}
             if ms is not None:
                 row["ms"] = round(float(ms), 5)
+            row["card"] = card
             rows.setdefault(kernel.name, []).append(row)
     return rows
 
@@ -58,36 +64,68 @@ def merge_rows(
     return {name: [rows[k] for k in sorted(rows)] for name, rows in sorted(merged.items())}
 
 
+def _old_rows(path: Path) -> tuple[dict[str, Any], dict[str, list]]:
+    """The header and rows of an existing table file; rows that do not name their card take the
+    card (or, in an older family table, the device) its header names."""
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("kernels"), dict):
+        raise ValueError(f"{path} is not a launch-config table (no 'kernels' mapping)")
+    maker = data.get("card") or data.get("device")
+    kernels = {
+        name: [row if "card" in row or not maker else {**row, "card": maker} for row in rows]
+        for name, rows in data["kernels"].items()
+    }
+    return data, kernels
+
+
 def write_table(
-    package: str, path: Path, *, command: str, merge: bool = True, device: int | None = None
+    package: str,
+    path: Path,
+    *,
+    command: str,
+    merge: bool = True,
+    device: int | None = None,
+    facts: DeviceFacts | None = None,
 ) -> dict[str, Any]:
     """Write the package's tuned rows of this process to ``path`` (merged with the file's rows
-    when ``merge``); returns the table."""
+    when ``merge``) as a table of the card it ran on; returns the table.
+
+    The card is ``facts``' (by default the CUDA device ``device``'s, the current one when
+    ``None``). Merged into a file of another card, the file keeps its ``card`` and the new rows
+    name theirs."""
     import triton
 
-    facts = device_facts(
-        torch.device("cuda", device if device is not None else torch.cuda.current_device())
-    )
+    if facts is None:
+        facts = device_facts(
+            torch.device("cuda", device) if device is not None else None  # None: current device
+        )
+    card = card_of(facts)
+    old_header: dict[str, Any] = {}
     old: dict[str, list] = {}
     if merge and path.is_file():
-        old = json.loads(path.read_text()).get("kernels", {})
+        old_header, old = _old_rows(path)
+    same_card = old_header.get("card", facts.name) == facts.name
     table = {
-        "family": device_family(facts.capability),
-        "device": facts.name,
+        "card": facts.name if same_card else old_header["card"],
+        "family": card.family if same_card else old_header.get("family", card.family),
+        "card_facts": describe_card(card) if same_card else old_header.get("card_facts"),
         "date": datetime.date.today().isoformat(),
         "triton": triton.__version__,
         "torch": torch.__version__,
         "command": command,
-        "kernels": merge_rows(old, table_rows(package)),
+        "kernels": merge_rows(old, table_rows(package, facts.name)),
     }
+    if table["card_facts"] is None:
+        del table["card_facts"]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(table, indent=1) + "\n")
     return table
 
 
-def default_table_path(package: str, family: str) -> Path:
-    """The package's own table for ``family`` (in its source tree or installed folder)."""
-    return Path(str(importlib.resources.files(package))) / TABLE_FOLDER / f"{family}.json"
+def default_table_path(package: str, slug: str) -> Path:
+    """The package's own table for the card of ``slug`` (in its source tree or installed
+    folder)."""
+    return Path(str(importlib.resources.files(package))) / TABLE_FOLDER / f"{slug}.json"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -105,7 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "TUNING_SHAPES)",
     )
     parser.add_argument(
-        "--out", type=Path, default=None, help="table file (default: the package's own)"
+        "--out",
+        type=Path,
+        default=None,
+        help="table file (default: the package's own for this card, launch_configs/<slug>.json)",
     )
     parser.add_argument("--replace", action="store_true", help="drop the rows already in --out")
     args = parser.parse_args(argv)
@@ -119,8 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         parser.error(f"{args.package} has no warmup module ({exc})")
     shapes = args.shape or list(module.TUNING_SHAPES)
-    family = device_family(device_facts(torch.device("cuda")).capability)
-    out = args.out or default_table_path(args.package, family)
+    out = args.out or default_table_path(args.package, card_of(device_facts(None)).slug)
     command = "python -m triton_dispatch.tune " + shlex.join(sys.argv[1:] if argv is None else argv)
     merge = not args.replace
     for shape in shapes:  # the table is rewritten after each shape: a cut-off run keeps its rows

@@ -5,7 +5,8 @@ One JSON file per kernel and identity under ``$TRITON_DISPATCH_CACHE_DIR`` (defa
 the kernel's source (Triton's own hash of it and the functions it calls) and its config space: a
 new driver of any of them reads another file, so stale results are never used. A file that cannot
 be read, or whose recorded identity differs from the one asked for, is ignored with a warning.
-``TRITON_DISPATCH_TUNING_CACHE=0`` turns reading and writing off.
+``TRITON_DISPATCH_TUNING_CACHE=0`` turns reading and writing off. The picks of the first-call
+short tune (:mod:`triton_dispatch.bounded_tune`) are kept here too, in files of their own.
 """
 
 from __future__ import annotations
@@ -41,15 +42,23 @@ def cache_dir() -> Path:
     return Path(base) / "triton-dispatch" / "autotune"
 
 
-def identity(*, kernel: str, device: str, triton_version: str, source: str, space: str) -> dict:
-    """What a file's results depend on; the file name holds its hash."""
-    return {
+def identity(
+    *, kernel: str, device: str, triton_version: str, source: str, space: str, search: str = "full"
+) -> dict:
+    """What a file's results depend on; the file name holds its hash. ``search`` says how the
+    results were found: ``"full"`` (autotuning over the space) or ``"bounded"`` (a short list,
+    :mod:`triton_dispatch.bounded_tune`), kept apart so that opting into full autotuning never
+    reads a short list's pick."""
+    ident = {
         "kernel": kernel,
         "device": device,
         "triton": triton_version,
         "source": source,
         "space": hashlib.sha256(space.encode()).hexdigest()[:16],
     }
+    if search != "full":  # full searches keep the identities (and files) they always had
+        ident["search"] = search
+    return ident
 
 
 def _path(ident: Mapping[str, str]) -> Path:
