@@ -99,6 +99,7 @@ def _load_config(args, frames: tuple[int, ...], **settings) -> LoadConfig:
 def ray_main(args) -> None:
     """One load run per replica count; records compare each count's throughput with the first."""
     counts = [int(n) for n in args.replicas.split(",")]
+    on_gpu = torch.device(args.device).type == "cuda"  # then each replica has its own GPU
     frames = tuple(int(f) for f in args.frames.split(",")) if args.frames else (32, 64)
     best: dict[int, LoadResult] = {}
     runs: list[dict] = []
@@ -107,8 +108,8 @@ def ray_main(args) -> None:
             cfg = _load_config(
                 args,
                 frames,
-                preset=args.preset or "tiny",
-                device="cpu",
+                preset=args.preset or ("small" if on_gpu else "tiny"),
+                device=args.device,
                 retries=100,
                 ray=True,
                 replicas=replicas,
@@ -138,7 +139,7 @@ def ray_main(args) -> None:
             baseline=f"{counts[0]} replica(s), ms per completion",
             baseline_ms=base,
             ours_ms=1e3 / res.completions_per_s,
-            env=environment("cpu"),
+            env=environment(args.device),
             extra={**asdict(res), "completions_per_s": res.completions_per_s, "runs": runs},
         )
         for n, res in results

@@ -273,9 +273,11 @@ async def _drive(port: int, pid: int, cfg: LoadConfig) -> LoadResult:
     # the alone runs above came before the load; run them again after it, so a server whose
     # state the load corrupted would show up as a mismatch too
     for which, body in enumerate(bodies):
-        _, _, payload = await _http(
+        status, _, payload = await _http(
             port, "POST", "/generate", json.dumps(body).encode(), timeout=cfg.request_timeout_s
         )
+        if status != 200:
+            raise RuntimeError(f"request {body} after the load answered {status}: {payload[:300]!r}")
         again = np.load(io.BytesIO(payload))
         if not np.allclose(again, alone[which], atol=cfg.atol, rtol=cfg.rtol):
             out["results"].append((which, again))
