@@ -139,6 +139,10 @@ class TooLarge(Reject):
 LINGER_S = 10.0
 LINGER_IDLE_S = 2.0
 LINGER_MAX_BYTES = 1 << 30
+#: A body announced past the budget is not waited for, but what is already on its way is still
+#: read (briefly) before the close, so that those bytes do not turn the close into a reset.
+BRIEF_LINGER_S = 1.0
+BRIEF_LINGER_IDLE_S = 0.2
 
 
 def refuse_nonfinite(x: torch.Tensor, what: str) -> None:
@@ -245,33 +249,38 @@ class LingeringResponse(JSONResponse):
 
     def __init__(self, rej: TooLarge) -> None:
         super().__init__({"detail": rej.detail}, rej.status, headers=rej.headers)
-        self.linger = _should_linger(rej)
+        self.linger = _linger_bounds(rej)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        await send({"type": "http.response.body", "body": self.body, "more_body": self.linger})
-        if self.linger:
-            await _discard_rest(receive)
+        lingers = self.linger is not None
+        await send({"type": "http.response.body", "body": self.body, "more_body": lingers})
+        if lingers:
+            await _discard_rest(receive, *self.linger)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _should_linger(rej: TooLarge) -> bool:
+def _linger_bounds(rej: TooLarge) -> tuple[float, float] | None:
+    """``(total, idle)`` seconds of reading the rest of the body after the 413, or ``None`` when
+    there is nothing to read."""
     if rej.ended:
-        return False
+        return None
     if rej.declared is not None and rej.declared - rej.read > LINGER_MAX_BYTES:
-        return False  # it cannot end within the budget: answer and close
+        return BRIEF_LINGER_S, BRIEF_LINGER_IDLE_S  # it cannot end within the budget
     # a client that waits for "100 Continue" sends nothing unless asked (and asking is what
     # reading would do): it has the answer and nothing to discard
-    return not (rej.read == 0 and rej.expects_continue)
+    if rej.read == 0 and rej.expects_continue:
+        return None
+    return LINGER_S, LINGER_IDLE_S
 
 
-async def _discard_rest(receive: Receive) -> None:
-    until = time.monotonic() + LINGER_S
+async def _discard_rest(receive: Receive, total_s: float, idle_s: float) -> None:
+    until = time.monotonic() + total_s
     budget = LINGER_MAX_BYTES
     while budget > 0:
-        left = min(until - time.monotonic(), LINGER_IDLE_S)
+        left = min(until - time.monotonic(), idle_s)
         if left <= 0:
             return
         try:
