@@ -17,6 +17,10 @@ Cases:
 
     python3 tools/gpu/cold_start.py --out cold_start.json [--peers DIR] [--only maxsim,tomo,vq]
 
+``--profile`` samples the main thread's stack every few milliseconds during the first ResidualVQ
+step (wall time, so waits on background compiles and subprocesses show) and keeps the heaviest
+stacks in the JSON.
+
 Writes the JSON and prints one markdown table per package (what BENCHMARKS.md keeps).
 """
 
@@ -147,7 +151,48 @@ def child_tomo() -> dict:
             **_selection_summary("tomo_kplanes")}  # fmt: skip
 
 
+class StackSampler:
+    """Samples the main thread's Python stack every ``interval`` seconds on a side thread: where
+    the wall time of a first call goes, waits included (cProfile counts CPU time of one thread)."""
+
+    def __init__(self, interval: float = 0.005, depth: int = 8) -> None:
+        import threading
+
+        self.interval, self.depth = interval, depth
+        self.main = threading.main_thread().ident
+        self.counts: dict[str, int] = {}
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            frame = sys._current_frames().get(self.main)
+            names = []
+            while frame is not None and len(names) < 40:
+                code = frame.f_code
+                names.append(f"{Path(code.co_filename).name}:{code.co_name}")
+                frame = frame.f_back
+            key = " < ".join(names[: self.depth])
+            self.counts[key] = self.counts.get(key, 0) + 1
+            self.samples += 1
+
+    def __enter__(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def top(self, n: int = 30) -> list[dict]:
+        ranked = sorted(self.counts.items(), key=lambda kv: -kv[1])[:n]
+        return [{"ms": c * self.interval * 1e3, "stack": k} for k, c in ranked]
+
+
 def child_vq() -> dict:
+    import contextlib
+
     import torch
 
     from triton_dispatch.warmup import counting_compiles
@@ -161,12 +206,15 @@ def child_vq() -> dict:
         out = module(x)
         (out.quantized.square().mean() + out.loss).backward()
 
-    with counting_compiles() as count:
+    profiling = os.environ.get("COLD_START_PROFILE") == "1"
+    sampler = StackSampler() if profiling else contextlib.nullcontext()
+    with counting_compiles() as count, sampler:
         first = _timed(step)
     second = _timed(step)
+    profile = {"profile": sampler.top()} if profiling else {}
     return {"first_step_s": first, "second_step_s": second, "compiled": count.compiled,
             "loaded": count.loaded, "compile_s": count.seconds, "by_kernel": count.by_kernel,
-            **_selection_summary("vq_kernels")}  # fmt: skip
+            **_selection_summary("vq_kernels"), **profile}  # fmt: skip
 
 
 # -- the parent ------------------------------------------------------------------------------------
@@ -264,6 +312,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("cold_start.json"))
     parser.add_argument("--peers", type=Path, default=None)
     parser.add_argument("--only", default="maxsim,tomo,vq")
+    parser.add_argument("--profile", action="store_true", help="sample the first vq step")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--warm-first", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
@@ -275,6 +324,8 @@ def main() -> None:
         print(json.dumps(result))
         return
     only = set(args.only.split(","))
+    if args.profile:
+        os.environ["COLD_START_PROFILE"] = "1"
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="cold-start-") as tmp:
         if "maxsim" in only:

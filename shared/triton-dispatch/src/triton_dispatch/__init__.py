@@ -33,6 +33,7 @@ from .backend import (
 from .demo import DEMO_ENTRY_POINT_GROUP, DemoResult
 from .device import DeviceFacts, device_facts
 from .graphs import CapturedStep, prepare_optimizer_for_capture
+from .prime import start as _start_prime
 from .shared_memory import SharedMemoryError
 
 try:
@@ -71,3 +72,7 @@ __all__ = [
     "tuned_kernels",
     "uses_triton",
 ]
+
+# Triton's once-per-process start (its cache key, the CUDA driver module) on a background thread,
+# so the first compile does not wait for it (:mod:`triton_dispatch.prime`)
+_start_prime()

@@ -14,6 +14,7 @@ from typing import Literal, get_args
 
 import torch
 
+from . import prime
 from .host_build import install_fast_host_builds
 
 Backend = Literal["triton", "interpret", "torch"]
@@ -155,8 +156,10 @@ def select_backend(
 
 
 def _compiled_triton() -> Backend:
-    # the first compiled call of a process is where Triton will build its launchers
+    # the first compiled call of a process is where Triton will build its launchers, after the
+    # start begun at import (:mod:`triton_dispatch.prime`)
     install_fast_host_builds()
+    prime.wait()
     return "triton"
 
 

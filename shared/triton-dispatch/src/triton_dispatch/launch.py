@@ -52,7 +52,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from . import autotune_mode, compile_ahead, triton_version
+from . import autotune_mode, compile_ahead, prime, triton_version
 from .backend import BACKEND_ENV_VAR, interpreter_enabled
 from .device import device_facts
 from .shared_memory import fitting_options
@@ -441,6 +441,7 @@ class KernelLaunch:
             return None
 
     def _compile_only(self, args: tuple) -> None:
+        prime.wait()
         with torch.cuda.device(self.device):
             standins = self._standins(args)
             positional, values = self._arguments(standins)
@@ -486,6 +487,7 @@ class KernelLaunch:
         self._check_count(args)
         positional, values = self._arguments(args)
         grid = self.grid
+        prime.wait()
         if self.direct:
             compile_ahead.wait_for(_jit_function(self.kernel))
         if not self._fit_checked:

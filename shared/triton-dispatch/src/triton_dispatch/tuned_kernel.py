@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from triton.runtime.autotuner import Autotuner
 
-from . import autotune_mode, bounded_tune, launch_configs, tuning_cache
+from . import autotune_mode, bounded_tune, launch_configs, prime, tuning_cache
 from .backend import interpreter_enabled
 from .cards import Card, as_card, card_of
 from .device import DeviceFacts, device_facts
@@ -148,6 +148,7 @@ class TunedKernel(Autotuner):
         return tuple(key)
 
     def _first_call(self, key: tuple, args: tuple, kwargs: dict):
+        prime.wait()
         named = dict(key)
         device = self._device({**self.nargs, **kwargs})
         stored = self._stored(named, device)

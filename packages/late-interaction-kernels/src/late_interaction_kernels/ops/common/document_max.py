@@ -29,19 +29,24 @@ def tile_similarity(
             col_ok = cols < d_len
         else:
             col_ok = cols >= 0
-    elif MASKED:
-        col_ok = cols < d_len
-        if EVEN_K:
-            x_ok = col_ok[None, :]
-        else:
-            x_ok = col_ok[None, :] & k_ok[:, None]
-        x = tl.load(D + (d_start + cols)[None, :] * dim + k[:, None], mask=x_ok, other=0.0)
-    elif EVEN_K:
-        col_ok = cols >= 0
-        x = tl.load(D + (d_start + cols)[None, :] * dim + k[:, None])
     else:
-        col_ok = cols >= 0
-        x = tl.load(D + (d_start + cols)[None, :] * dim + k[:, None], mask=k_ok[:, None], other=0.0)
+        # a 64-bit base per tile and the tile's own 32-bit offsets, the same for every tile:
+        # 64-bit address arithmetic per element was 15 % of the read-bound loop's instructions
+        local = tl.arange(0, BLOCK_D)[None, :] * dim + k[:, None]
+        tile = D + (d_start + j0) * dim + local
+        if MASKED:
+            col_ok = cols < d_len
+            if EVEN_K:
+                x_ok = col_ok[None, :]
+            else:
+                x_ok = col_ok[None, :] & k_ok[:, None]
+            x = tl.load(tile, mask=x_ok, other=0.0)
+        elif EVEN_K:
+            col_ok = cols >= 0
+            x = tl.load(tile)
+        else:
+            col_ok = cols >= 0
+            x = tl.load(tile, mask=k_ok[:, None], other=0.0)
     if UPCAST:
         x = x.to(tl.float32)
     if HAS_DM:

@@ -1,0 +1,161 @@
+"""Triton's once-per-process start on a background thread (:mod:`triton_dispatch.prime`): when it
+runs, what it does, and that a first compile waits for it instead of doing the work twice."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+import triton_dispatch.prime as prime
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """A process that has not started the thread yet."""
+    monkeypatch.setattr(prime, "_thread", None)
+    monkeypatch.setattr(prime, "_done", [])
+    monkeypatch.delenv(prime.PRIME_ENV_VAR, raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    yield
+    thread = prime._thread
+    if thread is not None:
+        thread.join(timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("env", "value", "runs"),
+    [
+        ("TRITON_INTERPRET", "1", False),
+        (prime.PRIME_ENV_VAR, "0", False),
+        (prime.PRIME_ENV_VAR, "off", False),
+        (prime.PRIME_ENV_VAR, "1", True),
+        ("TRITON_INTERPRET", "0", True),
+    ],
+)
+def test_it_is_off_under_the_interpreter_and_when_switched_off(
+    fresh, monkeypatch, env, value, runs
+):
+    monkeypatch.setenv(env, value)
+    monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: False)
+    assert prime.prime_enabled() is runs
+    assert prime.start() is runs
+    assert (prime._thread is not None) is runs
+
+
+def test_without_cuda_the_thread_does_nothing(fresh, monkeypatch):
+    monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: False)
+    assert prime.start()
+    prime.wait()
+    assert not prime._thread.is_alive()
+    assert prime.finished() == ()
+
+
+def test_with_a_gpu_it_computes_the_cache_key_asks_ptxas_and_builds_the_driver_module(
+    fresh, monkeypatch
+):
+    """The thread computes Triton's cache key, asks ptxas for its version (the card's arch read
+    from the driver's files) and builds the driver module (stand-ins here: no GPU), never
+    touching CUDA; a second start is a no-op, and a first compile's wait returns only once the
+    thread is done."""
+    import triton.backends.nvidia.compiler as nvidia_compiler
+    import triton.backends.nvidia.driver as nvidia_driver
+    import triton.runtime.cache as cache
+
+    calls = []
+    release = threading.Event()
+
+    def slow_key():
+        release.wait(timeout=30)
+        calls.append("key")
+        return "key"
+
+    class Utils:
+        def __init__(self):
+            calls.append("utils")
+
+    def no_cuda(*args, **kwargs):
+        raise AssertionError("the thread must not initialise CUDA")
+
+    monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(prime, "local_card_arch", lambda: 90)
+    monkeypatch.setattr(cache, "triton_key", slow_key)
+    monkeypatch.setattr(nvidia_compiler, "get_ptxas_version", lambda arch: calls.append(arch))
+    monkeypatch.setattr(nvidia_driver, "CudaUtils", Utils)
+    monkeypatch.setattr(torch.cuda, "is_available", no_cuda)
+    monkeypatch.setattr(torch.cuda, "init", no_cuda)
+    assert prime.start()
+    first = prime._thread
+    assert prime.start() and prime._thread is first  # once per process
+    assert first.is_alive()
+    waited = []
+    waiter = threading.Thread(target=lambda: (prime.wait(), waited.append(time.perf_counter())))
+    waiter.start()
+    time.sleep(0.05)
+    assert not waited  # still computing: the compile waits
+    release.set()
+    waiter.join(timeout=30)
+    assert waited and not first.is_alive()
+    assert calls == ["key", 90, "utils"]
+    assert prime.finished() == ("triton_key", "ptxas", "driver")
+
+
+def test_an_unknown_card_skips_only_the_ptxas_question(fresh, monkeypatch):
+    import triton.backends.nvidia.driver as nvidia_driver
+    import triton.runtime.cache as cache
+
+    monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(prime, "local_card_arch", lambda: None)
+    monkeypatch.setattr(cache, "triton_key", lambda: "key")
+    monkeypatch.setattr(nvidia_driver, "CudaUtils", lambda: None)
+    assert prime.start()
+    prime.wait()
+    assert prime.finished() == ("triton_key", "driver")
+
+
+def test_the_card_is_named_from_the_driver_files(monkeypatch, tmp_path):
+    """``/proc/driver/nvidia/gpus/*/information`` names the model: a known card gives its arch,
+    an unknown one or none gives ``None``."""
+    gpu = tmp_path / "0000:00:01.0"
+    gpu.mkdir()
+    (gpu / "information").write_text("Model: \t\t NVIDIA H200\nIRQ: 1\n")
+    real_glob = prime.glob.glob
+
+    def fake_glob(pattern):
+        if pattern.startswith("/proc/driver/nvidia/gpus/"):
+            return real_glob(str(tmp_path / pattern.removeprefix("/proc/driver/nvidia/gpus/")))
+        return []
+
+    monkeypatch.setattr(prime.glob, "glob", fake_glob)
+    assert prime.nvidia_gpu_present()
+    assert prime.local_card_arch() == 90
+    (gpu / "information").write_text("Model: Some Future Card\n")
+    assert prime.local_card_arch() is None
+
+
+def test_a_failure_on_the_thread_is_left_to_the_first_compile(fresh, monkeypatch):
+    import triton.runtime.cache as cache
+
+    def broken():
+        raise RuntimeError("internals moved")
+
+    monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(cache, "triton_key", broken)
+    assert prime.start()
+    prime.wait()
+    assert prime.finished() == ()
+
+
+def test_importing_triton_dispatch_starts_it():
+    """A fresh process that imports the package has the thread started (off the interpreter),
+    and not under it."""
+    code = "import triton_dispatch.prime as p; print(p._thread is not None)"
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", prime.PRIME_ENV_VAR)
+    }
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)  # fmt: skip
+    assert out.stdout.strip() == "True"
