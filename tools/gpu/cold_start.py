@@ -212,6 +212,9 @@ def child_vq() -> dict:
         first = _timed(step)
     second = _timed(step)
     profile = {"profile": sampler.top()} if profiling else {}
+    from triton_dispatch import prime
+
+    profile["prime"] = {"finished": prime.finished(), "errors": prime.errors()}
     return {"first_step_s": first, "second_step_s": second, "compiled": count.compiled,
             "loaded": count.loaded, "compile_s": count.seconds, "by_kernel": count.by_kernel,
             **_selection_summary("vq_kernels"), **profile}  # fmt: skip

@@ -40,7 +40,7 @@ def _probe_kernel(
     _forward_program(
         Q, D, None, None, PARTIAL, PARTIAL, PARTIAL, PARTIAL, PARTIAL, PARTIAL, ld, n_doc, lq, ld,
         lq, 1, dim, 0, False, False, False, False, False, 1e-12, False, True, False, True,
-        BLOCK_K, BLOCK_Q, BLOCK_D, TILE_MAX, ONE_LOOP,
+        BLOCK_K, BLOCK_Q, BLOCK_D, TILE_MAX, ONE_LOOP, True,
     )  # fmt: skip
 
 

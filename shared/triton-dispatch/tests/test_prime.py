@@ -10,19 +10,22 @@ import time
 import pytest
 import torch
 
+import triton_dispatch.host_build as host_build
 import triton_dispatch.prime as prime
 
 
 @pytest.fixture
 def fresh(monkeypatch):
     """A process that has not started the thread yet."""
-    monkeypatch.setattr(prime, "_thread", None)
+    monkeypatch.setattr(prime, "_threads", [])
     monkeypatch.setattr(prime, "_done", [])
+    monkeypatch.setattr(prime, "_errors", [])
     monkeypatch.delenv(prime.PRIME_ENV_VAR, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    # the real hook would stay installed in Triton for the rest of the test session
+    monkeypatch.setattr(host_build, "install_fast_host_builds", lambda: False)
     yield
-    thread = prime._thread
-    if thread is not None:
+    for thread in prime._threads:
         thread.join(timeout=60)
 
 
@@ -43,15 +46,15 @@ def test_it_is_off_under_the_interpreter_and_when_switched_off(
     monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: False)
     assert prime.prime_enabled() is runs
     assert prime.start() is runs
-    assert (prime._thread is not None) is runs
+    assert bool(prime._threads) is runs
 
 
-def test_without_cuda_the_thread_does_nothing(fresh, monkeypatch):
+def test_without_a_gpu_the_threads_do_nothing(fresh, monkeypatch):
     monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: False)
     assert prime.start()
     prime.wait()
-    assert not prime._thread.is_alive()
-    assert prime.finished() == ()
+    assert not any(t.is_alive() for t in prime._threads)
+    assert prime.finished() == () and prime.errors() == ()
 
 
 def test_with_a_gpu_it_computes_the_cache_key_asks_ptxas_and_builds_the_driver_module(
@@ -88,19 +91,21 @@ def test_with_a_gpu_it_computes_the_cache_key_asks_ptxas_and_builds_the_driver_m
     monkeypatch.setattr(torch.cuda, "is_available", no_cuda)
     monkeypatch.setattr(torch.cuda, "init", no_cuda)
     assert prime.start()
-    first = prime._thread
-    assert prime.start() and prime._thread is first  # once per process
-    assert first.is_alive()
+    first = list(prime._threads)
+    assert prime.start() and prime._threads == first  # once per process
+    assert any(t.is_alive() for t in first)
     waited = []
     waiter = threading.Thread(target=lambda: (prime.wait(), waited.append(time.perf_counter())))
     waiter.start()
     time.sleep(0.05)
     assert not waited  # still computing: the compile waits
+    assert calls == ["utils"]  # the driver module does not wait for the cache key
     release.set()
     waiter.join(timeout=30)
-    assert waited and not first.is_alive()
-    assert calls == ["key", 90, "utils"]
-    assert prime.finished() == ("triton_key", "ptxas", "driver")
+    assert waited and not any(t.is_alive() for t in first)
+    assert calls == ["utils", "key", 90]
+    assert prime.finished() == ("driver", "triton_key", "ptxas")
+    assert prime.errors() == ()
 
 
 def test_an_unknown_card_skips_only_the_ptxas_question(fresh, monkeypatch):
@@ -113,7 +118,7 @@ def test_an_unknown_card_skips_only_the_ptxas_question(fresh, monkeypatch):
     monkeypatch.setattr(nvidia_driver, "CudaUtils", lambda: None)
     assert prime.start()
     prime.wait()
-    assert prime.finished() == ("triton_key", "driver")
+    assert sorted(prime.finished()) == ["driver", "triton_key"]
 
 
 def test_the_card_is_named_from_the_driver_files(monkeypatch, tmp_path):
@@ -136,23 +141,29 @@ def test_the_card_is_named_from_the_driver_files(monkeypatch, tmp_path):
     assert prime.local_card_arch() is None
 
 
-def test_a_failure_on_the_thread_is_left_to_the_first_compile(fresh, monkeypatch):
+def test_a_failure_on_a_thread_is_recorded_and_left_to_the_first_compile(fresh, monkeypatch):
+    """A step that fails is recorded (the first compile then does it itself); the others still
+    run."""
+    import triton.backends.nvidia.driver as nvidia_driver
     import triton.runtime.cache as cache
 
     def broken():
         raise RuntimeError("internals moved")
 
     monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(prime, "local_card_arch", lambda: None)
     monkeypatch.setattr(cache, "triton_key", broken)
+    monkeypatch.setattr(nvidia_driver, "CudaUtils", lambda: None)
     assert prime.start()
     prime.wait()
-    assert prime.finished() == ()
+    assert prime.finished() == ("driver",)
+    assert prime.errors() == ("triton_key: RuntimeError: internals moved",)
 
 
 def test_importing_triton_dispatch_starts_it():
     """A fresh process that imports the package has the thread started (off the interpreter),
     and not under it."""
-    code = "import triton_dispatch.prime as p; print(p._thread is not None)"
+    code = "import triton_dispatch.prime as p; print(bool(p._threads))"
     env = {
         k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", prime.PRIME_ENV_VAR)
     }

@@ -1,18 +1,18 @@
-"""Triton's once-per-process start, begun on a background thread when triton-dispatch is imported.
+"""Triton's once-per-process start, begun on background threads when triton-dispatch is imported.
 
 Before a process's first compile, or its first load of a kernel from Triton's disk cache, Triton
 computes its own cache key (``triton.runtime.cache.triton_key``: a hash of the compiler's Python
 sources and of the whole ``libtriton`` library, 0.4 s on an H200 host) and builds its CUDA driver
 module with the host compiler (0.3 s with an empty cache; loaded from it afterwards). Neither
 depends on any kernel, yet both sat on the path of the first call of an op: 0.4 of the 0.8 s a
-first ResidualVQ step took with a warm disk cache. Importing triton-dispatch starts both on a
-daemon thread, so an op's first call, which usually follows loading a model and its data, finds
-them done; a first call that comes sooner waits for the thread (:func:`wait`) instead of
-computing them a second time beside it. ``hashlib`` and the host compiler's subprocess leave the
+first ResidualVQ step took with a warm disk cache. Importing triton-dispatch starts both on
+daemon threads, so an op's first call, which usually follows loading a model and its data, finds
+them done; a first call that comes sooner waits for them (:func:`wait`) instead of computing them
+a second time beside them. ``hashlib`` and the host compiler's subprocess leave the
 interpreter free meanwhile.
 
-The thread never initialises CUDA (a process that forks workers after importing must not have):
-it looks for the NVIDIA driver's device files to decide whether a GPU is there, builds the driver
+The threads never initialise CUDA (a process that forks workers after importing must not have):
+they look for the NVIDIA driver's device files to decide whether a GPU is there, builds the driver
 module without selecting Triton's driver (which would ask torch whether CUDA is available), and
 asks ``ptxas`` for its version (another subprocess of every first compile) only for a card it
 can name from the driver's ``/proc`` files. Skipped under ``TRITON_INTERPRET=1`` (nothing is
@@ -29,8 +29,9 @@ import threading
 PRIME_ENV_VAR = "TRITON_DISPATCH_PRIME"
 
 _lock = threading.Lock()
-_thread: threading.Thread | None = None
-_done: list[str] = []  # what the thread finished, for tests and benchmarks
+_threads: list[threading.Thread] = []
+_done: list[str] = []  # what the threads finished, for tests and benchmarks
+_errors: list[str] = []  # what failed on them (the first compile then does that part itself)
 
 
 def prime_enabled() -> bool:
@@ -66,54 +67,80 @@ def local_card_arch() -> int | None:
     return None
 
 
-def _prime() -> None:
+def _step(name: str, work) -> None:
     try:
-        if not nvidia_gpu_present():
-            return
-        from triton.runtime.cache import triton_key
+        work()
+        _done.append(name)
+    except Exception as error:  # an internal that moved: the first compile does it as before
+        _errors.append(f"{name}: {type(error).__name__}: {error}")
 
-        triton_key()
-        _done.append("triton_key")
-        arch = local_card_arch()
-        if arch is not None:
-            from triton.backends.nvidia.compiler import get_ptxas_version
 
-            get_ptxas_version(arch)
-            _done.append("ptxas")
-        from triton.backends.nvidia.driver import CudaUtils
+def _build_driver_module() -> None:
+    from triton.backends.nvidia.driver import CudaUtils
 
-        from .host_build import install_fast_host_builds
+    from .host_build import install_fast_host_builds
 
-        install_fast_host_builds()  # the driver module is built the way launchers are
-        CudaUtils()  # builds (or loads) it; Triton's driver, created later, finds it cached
-        _done.append("driver")
-    except Exception:  # an internal that moved: the first compile does the work as before
-        return
+    install_fast_host_builds()  # the driver module is built the way launchers are
+    CudaUtils()  # builds (or loads) it; Triton's driver, created later, finds it cached
+
+
+def _cache_key_and_ptxas() -> None:
+    from triton.runtime.cache import triton_key
+
+    _step("triton_key", triton_key)
+    arch = local_card_arch()
+    if arch is not None:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+
+        _step("ptxas", lambda: get_ptxas_version(arch))
 
 
 def start() -> bool:
-    """Start the background thread once per process (a no-op later or when switched off);
-    whether it runs."""
-    global _thread
+    """Start the background work once per process (a no-op later or when switched off); whether
+    it runs. Two threads: the driver module, which a first launch needs before anything else
+    and whose build is a host-compiler subprocess, beside the cache key and ``ptxas``'s
+    version."""
     with _lock:
-        if _thread is not None:
+        if _threads:
             return True
         if not prime_enabled():
             return False
-        _thread = threading.Thread(target=_prime, name="triton-dispatch-prime", daemon=True)
-        _thread.start()
+        jobs = (
+            ("driver", lambda: _step("driver", _build_driver_module)),
+            ("key", _cache_key_and_ptxas),
+        )
+        for name, job in jobs:
+            thread = threading.Thread(
+                target=_when_gpu(job), name=f"triton-dispatch-prime-{name}", daemon=True
+            )
+            _threads.append(thread)
+            thread.start()
         return True
+
+
+def _when_gpu(job):
+    def run() -> None:
+        if nvidia_gpu_present():
+            job()
+
+    return run
 
 
 def wait() -> None:
     """Block until the background start has finished (at once when it has, or never ran): called
     before a first compile, so that compile does not redo the same work beside it."""
-    thread = _thread
-    if thread is not None and thread.is_alive() and thread is not threading.current_thread():
-        thread.join()
+    current = threading.current_thread()
+    for thread in _threads:
+        if thread.is_alive() and thread is not current:
+            thread.join()
 
 
 def finished() -> tuple[str, ...]:
-    """What the background start completed, in order: ``"triton_key"``, ``"ptxas"`` (when the card
-    is known), ``"driver"``."""
+    """What the background start completed: ``"driver"``, ``"triton_key"``, ``"ptxas"`` (when
+    the card is known), in the order they finished."""
     return tuple(_done)
+
+
+def errors() -> tuple[str, ...]:
+    """What failed on the background threads (each then happens on the first compile)."""
+    return tuple(_errors)

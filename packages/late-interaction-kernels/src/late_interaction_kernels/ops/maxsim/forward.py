@@ -100,6 +100,7 @@ def _forward_program(
     NORM_EPS: tl.constexpr, IEEE: tl.constexpr, DYNAMIC_BOUNDS: tl.constexpr,
     TMA: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_Q: tl.constexpr,
     BLOCK_D: tl.constexpr, TILE_MAX: tl.constexpr, ONE_LOOP: tl.constexpr = False,
+    ONE_Q_BLOCK: tl.constexpr = False,
 ):  # fmt: skip
     # chunks of one pair are neighbours in launch order, so they run together and read the
     # document from L2 (pair-major order re-read a long query's documents once per chunk)
@@ -142,7 +143,12 @@ def _forward_program(
         t_stop = chunk_len
         d_stop = d_bound
     total = tl.zeros((BLOCK_Q,), dtype=tl.float32)
-    for t0 in range(0, t_stop, BLOCK_Q):
+    # ONE_Q_BLOCK (the chunk fits one block): constant bounds, so the loop folds away. A runtime
+    # loop around the pipelined document walk, even one of a single trip, held twice the
+    # registers (158 against 80 in the read-bound config): fewer programs per SM, fewer loads in
+    # flight.
+    t_limit = BLOCK_Q if ONE_Q_BLOCK else t_stop
+    for t0 in range(0, t_limit, BLOCK_Q):
         rows = t_begin + t0 + tl.arange(0, BLOCK_Q)
         row_ok = rows < t_end
         # EVEN_K (d a power of two): no mask along the contiguous axis, so loads stay vectorised
@@ -187,9 +193,7 @@ def _forward_program(
 # Sizes that change from batch to batch are not specialised on: each new ``% 16`` or ``== 1`` class of
 # them compiled the kernel and its C launcher again (about a second per new shape on an H100), and
 # rows are addressed through ``dim``, whose divisibility stays specialised.
-@triton.jit(
-    do_not_specialize=["d_bound", "n_doc", "lq", "ld", "chunk_len", "n_chunks", "LQ_BUCKET"]
-)
+@triton.jit(do_not_specialize=["d_bound", "n_doc", "lq", "ld", "chunk_len", "n_chunks"])
 def maxsim_fwd_kernel(
     Q,
     D,
@@ -206,7 +210,7 @@ def maxsim_fwd_kernel(
     chunk_len,
     n_chunks,
     dim,
-    LQ_BUCKET,
+    LQ_BUCKET: tl.constexpr,  # the regime's key, and ≥ chunk_len: a block this tall holds a chunk
     LAYOUT: tl.constexpr,
     HAS_QM: tl.constexpr,
     HAS_DM: tl.constexpr,
@@ -227,6 +231,7 @@ def maxsim_fwd_kernel(
         Q, D, None, None, QM, DM, CUQ, CUD, PARTIAL, ARGMAX, d_bound, n_doc, lq, ld, chunk_len,
         n_chunks, dim, LAYOUT, HAS_QM, HAS_DM, SAVE_ARGMAX, UPCAST, NORMALIZE, NORM_EPS, IEEE,
         DYNAMIC_BOUNDS, False, EVEN_K, BLOCK_K, BLOCK_Q, BLOCK_D, TILE_MAX, ONE_LOOP,
+        BLOCK_Q >= LQ_BUCKET,
     )  # fmt: skip
 
 
