@@ -15,7 +15,7 @@ for step in ${CARD_CHECKS:-gap cold bounded}; do
     cold) python3 tools/gpu/cold_start.py --only vq --profile --out "$OUT/cold_vq_profile.json" 2>&1 | tail -8
           python3 tools/gpu/cold_start.py --only vq --out "$OUT/cold_vq.json" 2>&1 | tail -8 ;;
     bounded) python3 tools/gpu/bounded_tune_gpu.py --out "$OUT/bounded_tune_gpu.json" 2>&1 | grep -v '^{' | tail -20 ;;
-    tests) python3 -m pytest -q -p no:cacheprovider -m gpu shared/triton-dispatch/tests packages/late-interaction-kernels/tests packages/vq-kernels/tests 2>&1 | tail -6 ;;
+    tests) python3 -m pytest -q -p no:cacheprovider -m gpu ${TESTS_ARGS:-} shared/triton-dispatch/tests packages/late-interaction-kernels/tests packages/vq-kernels/tests 2>&1 | grep -v "^\s*$" | tail -${TESTS_TAIL:-6} ;;
     tva) python3 tools/gpu/table_vs_autotune.py --bounded --out "$OUT/table_vs_autotune.json" ${TVA_SCRIPTS:-packages/vq-kernels/benchmarks/quantize.py packages/vq-kernels/benchmarks/rvq_step.py} 2>&1 | tail -30 ;;
     peers) python3 packages/late-interaction-kernels/benchmarks/peers.py --peers gpu-results/peers --calls 200 --out "$OUT/peers.json" 2>&1 | tail -25 ;;
   esac

@@ -18,6 +18,7 @@ import triton_dispatch.prime as prime
 def fresh(monkeypatch):
     """A process that has not started the thread yet."""
     monkeypatch.setattr(prime, "_threads", [])
+    monkeypatch.setattr(prime, "_pending", False)
     monkeypatch.setattr(prime, "_done", [])
     monkeypatch.setattr(prime, "_errors", [])
     monkeypatch.delenv(prime.PRIME_ENV_VAR, raising=False)
@@ -158,6 +159,32 @@ def test_a_failure_on_a_thread_is_recorded_and_left_to_the_first_compile(fresh, 
     prime.wait()
     assert prime.finished() == ("driver",)
     assert prime.errors() == ("triton_key: RuntimeError: internals moved",)
+
+
+def test_a_traced_caller_does_not_trace_into_the_wait(fresh, monkeypatch):
+    """``torch.compile(fullgraph=True)`` traces ops whose backend choice waits for the threads:
+    while they still run, the wait must not put thread calls into the graph."""
+    import triton.backends.nvidia.driver as nvidia_driver
+    import triton.runtime.cache as cache
+
+    release = threading.Event()
+    monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(prime, "local_card_arch", lambda: None)
+    monkeypatch.setattr(cache, "triton_key", lambda: release.wait(timeout=30))
+    monkeypatch.setattr(nvidia_driver, "CudaUtils", lambda: None)
+    assert prime.start()
+
+    def op(x):
+        prime.wait()
+        return x + 1
+
+    try:
+        x = torch.arange(4.0)
+        assert torch.equal(torch.compile(op, fullgraph=True, backend="eager")(x), x + 1)
+    finally:
+        release.set()
+    prime.wait()
+    assert not prime._pending and prime.finished() == ("driver", "triton_key")
 
 
 def test_importing_triton_dispatch_starts_it():

@@ -25,11 +25,14 @@ import glob
 import os
 import threading
 
+import torch
+
 #: ``0`` leaves Triton's start to the first compile.
 PRIME_ENV_VAR = "TRITON_DISPATCH_PRIME"
 
 _lock = threading.Lock()
 _threads: list[threading.Thread] = []
+_pending = False  # threads started and not yet joined by a wait
 _done: list[str] = []  # what the threads finished, for tests and benchmarks
 _errors: list[str] = []  # what failed on them (the first compile then does that part itself)
 
@@ -100,6 +103,7 @@ def start() -> bool:
     it runs. Two threads: the driver module, which a first launch needs before anything else
     and whose build is a host-compiler subprocess, beside the cache key and ``ptxas``'s
     version."""
+    global _pending
     with _lock:
         if _threads:
             return True
@@ -115,6 +119,7 @@ def start() -> bool:
             )
             _threads.append(thread)
             thread.start()
+        _pending = True
         return True
 
 
@@ -128,11 +133,18 @@ def _when_gpu(job):
 
 def wait() -> None:
     """Block until the background start has finished (at once when it has, or never ran): called
-    before a first compile, so that compile does not redo the same work beside it."""
+    before a first compile, so that compile does not redo the same work beside it. A no-op while
+    ``torch.compile`` traces the caller (thread calls do not trace; the traced op waits when it
+    runs)."""
+    global _pending
+    if torch.compiler.is_compiling() or not _pending:
+        return
     current = threading.current_thread()
     for thread in _threads:
         if thread.is_alive() and thread is not current:
             thread.join()
+    if current not in _threads:
+        _pending = False
 
 
 def finished() -> tuple[str, ...]:
