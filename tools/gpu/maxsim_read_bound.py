@@ -47,9 +47,13 @@ def _probe_kernel(
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "read_bound.json"))
+    ap.add_argument("--shapes", default=None, help="e.g. 1x10000x32x300,1x1000x32x1024")
     args = ap.parse_args()
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     rows = []
-    for nq, nd, lq, ld in SHAPES:
+    for nq, nd, lq, ld in shapes:
         q = torch.nn.functional.normalize(torch.randn(nq, lq, DIM, device="cuda"), dim=-1)
         q = q.to(torch.bfloat16)
         d = torch.nn.functional.normalize(torch.randn(nd, ld, DIM, device="cuda"), dim=-1)
