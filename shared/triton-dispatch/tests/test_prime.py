@@ -44,17 +44,19 @@ def test_it_is_off_under_the_interpreter_and_when_switched_off(
     fresh, monkeypatch, env, value, runs
 ):
     monkeypatch.setenv(env, value)
-    monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: False)
+    monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: True)
+    monkeypatch.setattr(prime, "_build_driver_module", lambda: None)
+    monkeypatch.setattr(prime, "_cache_key_and_ptxas", lambda: None)
     assert prime.prime_enabled() is runs
     assert prime.start() is runs
     assert bool(prime._threads) is runs
 
 
-def test_without_a_gpu_the_threads_do_nothing(fresh, monkeypatch):
+def test_without_a_gpu_no_thread_starts(fresh, monkeypatch):
     monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: False)
-    assert prime.start()
+    assert not prime.start()
+    assert prime._threads == [] and not prime._pending
     prime.wait()
-    assert not any(t.is_alive() for t in prime._threads)
     assert prime.finished() == () and prime.errors() == ()
 
 
@@ -188,12 +190,21 @@ def test_a_traced_caller_does_not_trace_into_the_wait(fresh, monkeypatch):
 
 
 def test_importing_triton_dispatch_starts_it():
-    """A fresh process that imports the package has the thread started (off the interpreter),
-    and not under it."""
-    code = "import triton_dispatch.prime as p; print(bool(p._threads))"
+    """A fresh process that imports the package (off the interpreter, a GPU's device file
+    present) starts both threads, with Triton already imported on the importing thread."""
+    code = (
+        "import glob, sys, threading\n"
+        "real = glob.glob\n"
+        "glob.glob = lambda p, **k: ['/dev/nvidia0'] if p.startswith('/dev/nvidia') else real(p, **k)\n"
+        "started = []\n"
+        "threading.Thread.start = lambda self: started.append(self.name)\n"
+        "import triton_dispatch\n"
+        "print(sorted(started), 'triton.runtime.cache' in sys.modules)\n"
+    )
     env = {
         k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", prime.PRIME_ENV_VAR)
     }
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True)  # fmt: skip
-    assert out.stdout.strip() == "True"
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == "['triton-dispatch-prime-driver', 'triton-dispatch-prime-key'] True"

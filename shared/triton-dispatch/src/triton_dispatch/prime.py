@@ -12,11 +12,12 @@ a second time beside them. ``hashlib`` and the host compiler's subprocess leave 
 interpreter free meanwhile.
 
 The threads never initialise CUDA (a process that forks workers after importing must not have):
-they look for the NVIDIA driver's device files to decide whether a GPU is there, builds the driver
-module without selecting Triton's driver (which would ask torch whether CUDA is available), and
-asks ``ptxas`` for its version (another subprocess of every first compile) only for a card it
-can name from the driver's ``/proc`` files. Skipped under ``TRITON_INTERPRET=1`` (nothing is
-compiled), without an NVIDIA driver, and with ``TRITON_DISPATCH_PRIME=0``.
+whether a GPU is there is read from the NVIDIA driver's device files, the driver module is built
+without selecting Triton's driver (which would ask torch whether CUDA is available), and
+``ptxas`` is asked for its version (another subprocess of every first compile) only for a card
+named in the driver's ``/proc`` files. Triton's modules are imported before the threads start.
+Skipped under ``TRITON_INTERPRET=1`` (nothing is compiled), without an NVIDIA GPU, and with
+``TRITON_DISPATCH_PRIME=0``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,13 @@ def _step(name: str, work) -> None:
         _errors.append(f"{name}: {type(error).__name__}: {error}")
 
 
+def _guarded(name: str, work) -> None:
+    try:
+        work()
+    except Exception as error:  # recorded; the threads never raise
+        _errors.append(f"{name}: {type(error).__name__}: {error}")
+
+
 def _build_driver_module() -> None:
     from triton.backends.nvidia.driver import CudaUtils
 
@@ -107,28 +115,27 @@ def start() -> bool:
     with _lock:
         if _threads:
             return True
-        if not prime_enabled():
+        if not prime_enabled() or not nvidia_gpu_present():
             return False
+        # Triton's modules are imported here, before the threads start: a thread importing them
+        # while this one imports a kernel package met half-initialised modules (circular
+        # imports inside Triton). Every kernel package imports Triton at its own import anyway.
+        import triton.backends.nvidia.compiler
+        import triton.backends.nvidia.driver
+        import triton.runtime.cache  # noqa: F401
+
+        from . import cards, host_build  # noqa: F401
+
         jobs = (
             ("driver", lambda: _step("driver", _build_driver_module)),
-            ("key", _cache_key_and_ptxas),
+            ("key", lambda: _guarded("key", _cache_key_and_ptxas)),
         )
         for name, job in jobs:
-            thread = threading.Thread(
-                target=_when_gpu(job), name=f"triton-dispatch-prime-{name}", daemon=True
-            )
+            thread = threading.Thread(target=job, name=f"triton-dispatch-prime-{name}", daemon=True)
             _threads.append(thread)
             thread.start()
         _pending = True
         return True
-
-
-def _when_gpu(job):
-    def run() -> None:
-        if nvidia_gpu_present():
-            job()
-
-    return run
 
 
 def wait() -> None:
