@@ -73,6 +73,11 @@ def rel(a, ref):
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
+def fastest(row: dict) -> tuple[float, str]:
+    """``(ms, config)`` of a row's fastest kernel config (its keys that are configs)."""
+    return min((v, k) for k, v in row.items() if k.startswith("("))
+
+
 def main() -> None:
     import triton.testing
 
@@ -109,7 +114,7 @@ def main() -> None:
                    "split": bench(lambda x=x, w=w: swiglu(F.linear(x, w)))}  # fmt: skip
             for config in SWIGLU_CONFIGS:
                 row[str(config)] = bench(lambda c=config, x=x, w=w, o=out: run_kernel(x, w, o, c, True))
-            best = min((v, k) for k, v in row.items() if k.startswith("("))
+            best = fastest(row)
             print(f"swiglu rows={m}: cuBLAS {row['cublas_gemm']:.4f} "
                   f"({flop / row['cublas_gemm'] / 1e9:.0f} TFLOP/s), split {row['split']:.4f}, "
                   f"best {best[1]} {best[0]:.4f} ({flop / best[0] / 1e9:.0f} TFLOP/s)", flush=True)  # fmt: skip
@@ -127,7 +132,7 @@ def main() -> None:
                 run_kernel(x, w, out, config, False)
                 row["err" + str(config)] = rel(out, ref.double())
                 row[str(config)] = bench(lambda c=config, x=x, w=w, o=out: run_kernel(x, w, o, c, False))
-            best = min((v, k) for k, v in row.items() if k.startswith("("))
+            best = fastest(row)
             print(f"plain {m}x{depth}->{cols}: cuBLAS {row['cublas']:.4f} "
                   f"({flop / row['cublas'] / 1e9:.0f}), best {best[1]} {best[0]:.4f} "
                   f"({flop / best[0] / 1e9:.0f} TFLOP/s)", flush=True)  # fmt: skip

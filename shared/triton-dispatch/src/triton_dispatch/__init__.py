@@ -73,6 +73,6 @@ __all__ = [
     "uses_triton",
 ]
 
-# Triton's once-per-process start (its cache key, the CUDA driver module) on a background thread,
+# Triton's once-per-process start (its cache key, the CUDA driver module) on background threads,
 # so the first compile does not wait for it (:mod:`triton_dispatch.prime`)
 _start_prime()

@@ -71,19 +71,16 @@ def local_card_arch() -> int | None:
     return None
 
 
-def _step(name: str, work) -> None:
+def _step(name: str, work, *, record: bool = True) -> None:
+    """Run ``work``; note ``name`` as finished (``record``) or its failure (the threads never
+    raise: an internal that moved leaves that part to the first compile, as before)."""
     try:
         work()
-        _done.append(name)
-    except Exception as error:  # an internal that moved: the first compile does it as before
+    except Exception as error:
         _errors.append(f"{name}: {type(error).__name__}: {error}")
-
-
-def _guarded(name: str, work) -> None:
-    try:
-        work()
-    except Exception as error:  # recorded; the threads never raise
-        _errors.append(f"{name}: {type(error).__name__}: {error}")
+    else:
+        if record:
+            _done.append(name)
 
 
 def _build_driver_module() -> None:
@@ -128,7 +125,7 @@ def start() -> bool:
 
         jobs = (
             ("driver", lambda: _step("driver", _build_driver_module)),
-            ("key", lambda: _guarded("key", _cache_key_and_ptxas)),
+            ("key", lambda: _step("key", _cache_key_and_ptxas, record=False)),
         )
         for name, job in jobs:
             thread = threading.Thread(target=job, name=f"triton-dispatch-prime-{name}", daemon=True)
