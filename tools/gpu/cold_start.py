@@ -16,6 +16,12 @@ Cases:
 * vq-kernels: the first ``ResidualVQ(64, 256, 3)`` training step on 640 rows, cold and warm.
 
     python3 tools/gpu/cold_start.py --out cold_start.json [--peers DIR] [--only maxsim,tomo,vq]
+        [--repeat N]
+
+The vq child records its process's timeline (the import, the background start's steps, each
+compile's thread and end) in seconds after the first step began; ``COLD_START_PAUSE=S`` waits S
+seconds between building the module and its first step (a first step that follows the import
+later, as after loading data).
 
 ``--profile`` samples the main thread's stack every few milliseconds during the first ResidualVQ
 step (wall time, so waits on background compiles and subprocesses show) and keeps the heaviest
@@ -190,17 +196,46 @@ class StackSampler:
         return [{"ms": c * self.interval * 1e3, "stack": k} for k, c in ranked]
 
 
+def _compile_timeline(origin: float):
+    """A Triton compilation listener (chained to any set) that appends, per compiled kernel, its
+    thread, when it ended (seconds after ``origin``) and its stages' seconds; and the list."""
+    import threading
+
+    from triton import knobs
+
+    events: list[dict] = []
+    previous = knobs.compilation.listener
+
+    def listen(*, src, metadata, metadata_group, times, cache_hit):
+        stages = {"ir": times.ir_initialization / 1e6}
+        stages.update((k, v / 1e6) for k, v in times.lowering_stages)
+        events.append({"kernel": getattr(src, "name", "?"), "thread": threading.current_thread().name,
+                       "end_s": time.perf_counter() - origin, "total_s": times.total / 1e6,
+                       "cache_hit": cache_hit, "stages_s": stages})  # fmt: skip
+        if previous is not None:
+            previous(src=src, metadata=metadata, metadata_group=metadata_group, times=times,
+                     cache_hit=cache_hit)  # fmt: skip
+
+    knobs.compilation.listener = listen
+    return events
+
+
 def child_vq() -> dict:
     import contextlib
 
+    begin = time.perf_counter()
     import torch
 
     from triton_dispatch.warmup import counting_compiles
     from vq_kernels import ResidualVQ
 
+    imported = time.perf_counter()
     torch.manual_seed(0)
     module = ResidualVQ(64, 256, 3).to("cuda")
     x = torch.randn(640, 64, device="cuda", requires_grad=True)
+    torch.cuda.synchronize()
+    if os.environ.get("COLD_START_PAUSE"):  # a first step that comes later after the import
+        time.sleep(float(os.environ["COLD_START_PAUSE"]))
 
     def step():
         out = module(x)
@@ -208,13 +243,23 @@ def child_vq() -> dict:
 
     profiling = os.environ.get("COLD_START_PROFILE") == "1"
     sampler = StackSampler() if profiling else contextlib.nullcontext()
+    step_start = time.perf_counter()
+    events = _compile_timeline(step_start)
     with counting_compiles() as count, sampler:
         first = _timed(step)
     second = _timed(step)
     profile = {"profile": sampler.top()} if profiling else {}
     from triton_dispatch import prime
 
-    profile["prime"] = {"finished": prime.finished(), "errors": prime.errors()}
+    started = prime.started_at()
+    profile["prime"] = {"finished": prime.finished(), "errors": prime.errors(),
+                        "spans_s": prime.spans()}  # fmt: skip
+    # the process's timeline, seconds after the step began: negative before it
+    profile["timeline"] = {
+        "import_start_s": begin - step_start, "import_end_s": imported - step_start,
+        "prime_start_s": None if started is None else started - step_start,
+        "compiles": events,
+    }  # fmt: skip
     return {"first_step_s": first, "second_step_s": second, "compiled": count.compiled,
             "loaded": count.loaded, "compile_s": count.seconds, "by_kernel": count.by_kernel,
             **_selection_summary("vq_kernels"), **profile}  # fmt: skip
@@ -268,12 +313,17 @@ def maxsim_cases(tmp: Path, peers: Path | None) -> list[dict]:
     return results
 
 
-def step_cases(case: str, tmp: Path) -> list[dict]:
-    t, a = tmp / f"triton-{case}", tmp / f"tuning-{case}"
-    cold = run_child(case, [], triton_cache=t, tuning_cache=a, pythonpath=SOURCES)
-    warm = run_child(case, [], triton_cache=t, tuning_cache=a, pythonpath=SOURCES)
-    cold["label"], warm["label"] = "cold", "warm disk cache"
-    return [cold, warm]
+def step_cases(case: str, tmp: Path, repeat: int = 1) -> list[dict]:
+    """Cold then warm, ``repeat`` times, each round with folders of its own."""
+    results = []
+    for round_ in range(repeat):
+        t, a = tmp / f"triton-{case}-{round_}", tmp / f"tuning-{case}-{round_}"
+        cold = run_child(case, [], triton_cache=t, tuning_cache=a, pythonpath=SOURCES)
+        warm = run_child(case, [], triton_cache=t, tuning_cache=a, pythonpath=SOURCES)
+        suffix = f" (round {round_ + 1})" if repeat > 1 else ""
+        cold["label"], warm["label"] = "cold" + suffix, "warm disk cache" + suffix
+        results += [cold, warm]
+    return results
 
 
 def markdown(results: dict) -> str:
@@ -316,6 +366,7 @@ def main() -> None:
     parser.add_argument("--peers", type=Path, default=None)
     parser.add_argument("--only", default="maxsim,tomo,vq")
     parser.add_argument("--profile", action="store_true", help="sample the first vq step")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of the tomo and vq cases")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--warm-first", action="store_true", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
@@ -335,7 +386,7 @@ def main() -> None:
             results["maxsim"] = maxsim_cases(Path(tmp), args.peers)
         for case in ("tomo", "vq"):
             if case in only:
-                results[case] = step_cases(case, Path(tmp))
+                results[case] = step_cases(case, Path(tmp), args.repeat)
     import torch
     import triton
 

@@ -4,7 +4,9 @@ card without rows of its own off, ``TRITON_DISPATCH_BOUNDED_TUNE=0``, and nothin
 tuning cache) and once with ``TRITON_DISPATCH_AUTOTUNE=1`` (every regime benchmarks its config
 space on its first call), and the ``ours`` column of each case is compared (GPU median of
 ``do_bench`` and wall time per call). ``--bounded`` adds a third run with the short tune on and
-an empty tuning cache (what a card without a table of its own gets on its first calls).
+an empty tuning cache (what a card without a table of its own gets on its first calls). A script
+with a row more than ``--threshold`` slower with the table runs again in both modes
+(``--rechecks`` rounds), and each mode keeps its faster time of each case.
 
     python3 tools/gpu/table_vs_autotune.py --out table_vs_autotune.json \\
         packages/vq-kernels/benchmarks/quantize.py packages/tomo-kplanes/benchmarks/training_step.py
@@ -34,6 +36,7 @@ def run(script: Path, mode: str, out: Path, timeout: int) -> list[dict]:
     env.pop("TRITON_DISPATCH_AUTOTUNE", None)
     env["TRITON_DISPATCH_TUNING_CACHE"] = "0"  # tune now, not from an earlier run's files
     env["TRITON_DISPATCH_BOUNDED_TUNE"] = "0"
+    env["TRITON_DISPATCH_BENCH_BASELINES"] = "0"  # only our own times are compared
     if mode == "autotuned":
         env["TRITON_DISPATCH_AUTOTUNE"] = "1"
     elif mode == "bounded":  # an empty cache of its own: the short tune runs and keeps its picks
@@ -54,12 +57,37 @@ def _case(record: dict) -> str:
     return record["name"] + " " + json.dumps(record["shape"], sort_keys=True, default=str)
 
 
+def _worst_ratio(table: list[dict], tuned: list[dict]) -> float:
+    """The largest table / autotuned GPU-time ratio over the cases both runs timed."""
+    by_case = {_case(r): r for r in tuned}
+    ratios = [r["ours_ms"] / by_case[_case(r)]["ours_ms"] for r in table
+              if _case(r) in by_case and r["ours_ms"] and by_case[_case(r)]["ours_ms"]]  # fmt: skip
+    return max(ratios, default=0.0)
+
+
+def _faster(first: list[dict], second: list[dict]) -> list[dict]:
+    """Per case, the record of the two runs with the shorter GPU time."""
+    again = {_case(r): r for r in second}
+    merged = []
+    for r in first:
+        other = again.get(_case(r))
+        if other and other["ours_ms"] and (not r["ours_ms"] or other["ours_ms"] < r["ours_ms"]):
+            r = other
+        merged.append(r)
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scripts", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("table_vs_autotune.json"))
     parser.add_argument("--timeout", type=int, default=300)
     parser.add_argument("--bounded", action="store_true", help="add a run with the short tune")
+    parser.add_argument(
+        "--threshold", type=float, default=1.03, help="table / autotuned to recheck"
+    )
+    parser.add_argument("--rechecks", type=int, default=1,
+                        help="extra rounds of both runs for a script with a row above --threshold")  # fmt: skip
     args = parser.parse_args()
     rows, errors = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,6 +96,17 @@ def main() -> None:
             try:
                 table = run(script, "table", Path(tmp) / "table.json", args.timeout)
                 tuned = run(script, "autotuned", Path(tmp) / "tuned.json", args.timeout)
+                for _ in range(args.rechecks):
+                    if _worst_ratio(table, tuned) <= args.threshold:
+                        break
+                    # a second process of each: a row's time moves between processes (clocks, the
+                    # host), so each mode keeps its faster run of the case
+                    table = _faster(
+                        table, run(script, "table", Path(tmp) / "t2.json", args.timeout)
+                    )
+                    tuned = _faster(
+                        tuned, run(script, "autotuned", Path(tmp) / "a2.json", args.timeout)
+                    )
                 bounded = (run(script, "bounded", Path(tmp) / "bounded.json", args.timeout)
                            if args.bounded else [])  # fmt: skip
             except (RuntimeError, subprocess.TimeoutExpired) as error:
@@ -88,12 +127,16 @@ def main() -> None:
                     "bounded_ms": b.get("ours_ms"),
                 })  # fmt: skip
             print(f"{script.name}: {time.perf_counter() - start:.0f} s", flush=True)
+            # after every script, so a run cut short keeps what it measured
+            args.out.write_text(json.dumps({"rows": rows, "errors": errors}, indent=1))
     args.out.write_text(json.dumps({"rows": rows, "errors": errors}, indent=1))
     print("| script | case | table ms | autotuned ms | table / autotuned | wall: table, autotuned "
           "| short tune ms |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        walls = ", ".join(f"{w:.3f}" if w else "-" for w in (r["table_wall_ms"], r["autotuned_wall_ms"]))
+        walls = ", ".join(
+            f"{w:.3f}" if w else "-" for w in (r["table_wall_ms"], r["autotuned_wall_ms"])
+        )
         shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
         short = f"{r['bounded_ms']:.4f}" if r["bounded_ms"] else "-"
         print(f"| {r['script']} | {r['case']} ({shape}) | {r['table_ms']:.4f} | {r['autotuned_ms']:.4f} | "

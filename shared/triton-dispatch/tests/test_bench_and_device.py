@@ -51,6 +51,21 @@ def test_compare_records_ratio_and_survives_a_failing_baseline(tmp_path):
     assert data["records"][0]["ratio"] == 4.0 and data["meta"]["command"] == "python bench.py"
 
 
+def test_baselines_can_be_switched_off(monkeypatch):
+    from triton_dispatch.bench import BASELINES_ENV_VAR
+
+    calls = []
+    monkeypatch.setenv(BASELINES_ENV_VAR, "0")
+    rec = compare("sum", {"n": 3}, ours=lambda: torch.ones(3).sum(),
+                  baseline=lambda: calls.append(1), baseline_name="never", warmup=2, rep=5)  # fmt: skip
+    assert calls == [] and rec.baseline_ms is None and rec.extra["baseline_skipped"]
+    assert rec.ours_ms > 0
+    monkeypatch.setenv(BASELINES_ENV_VAR, "1")
+    rec = compare("sum", {"n": 3}, ours=lambda: torch.ones(3).sum(),
+                  baseline=lambda: calls.append(1), baseline_name="runs", warmup=2, rep=5)  # fmt: skip
+    assert calls and rec.baseline_ms is not None and "baseline_skipped" not in rec.extra
+
+
 def test_environment_has_versions():
     env = environment("cpu")
     assert {"device", "torch", "triton", "date"} <= set(env)

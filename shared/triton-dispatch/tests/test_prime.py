@@ -21,6 +21,7 @@ def fresh(monkeypatch):
     monkeypatch.setattr(prime, "_pending", False)
     monkeypatch.setattr(prime, "_done", [])
     monkeypatch.setattr(prime, "_errors", [])
+    monkeypatch.setattr(prime, "_spans", [])
     monkeypatch.delenv(prime.PRIME_ENV_VAR, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     # the real hook would stay installed in Triton for the rest of the test session
@@ -109,6 +110,12 @@ def test_with_a_gpu_it_computes_the_cache_key_asks_ptxas_and_builds_the_driver_m
     assert calls == ["utils", "key", 90]
     assert prime.finished() == ("driver", "triton_key", "ptxas")
     assert prime.errors() == ()
+    spans = {name: (begin, end) for name, begin, end in prime.spans()}
+    assert set(spans) == {"driver", "triton_key", "ptxas"}
+    assert all(0 <= begin <= end for begin, end in spans.values())
+    assert spans["triton_key"][1] >= 0.05  # it ran until released, after the wait began
+    assert spans["ptxas"][0] >= spans["triton_key"][1]
+    assert prime.started_at() is not None
 
 
 def test_an_unknown_card_skips_only_the_ptxas_question(fresh, monkeypatch):

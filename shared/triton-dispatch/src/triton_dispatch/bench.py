@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import platform
 import statistics
 import time
@@ -22,6 +23,10 @@ from typing import Any
 import torch
 
 from .device import device_facts
+
+#: ``0`` times ``ours`` alone in :func:`compare` (comparisons of our own configurations, such as
+#: the launch tables against autotuning, need no baseline and skip its compiles).
+BASELINES_ENV_VAR = "TRITON_DISPATCH_BENCH_BASELINES"
 
 
 def synchronize(device: torch.device | str | None) -> None:
@@ -366,10 +371,14 @@ def compare(
     with ``measure_wall``, wall time per call (:func:`wall_ms_per_call`), and peak memory on CUDA.
 
     A baseline that raises (out of memory, say) is recorded with ``baseline_ms=None`` and the
-    exception's text in ``extra['baseline_error']``.
+    exception's text in ``extra['baseline_error']``. With ``TRITON_DISPATCH_BENCH_BASELINES=0``
+    the baseline is not run (``extra['baseline_skipped']``).
     """
     info: dict[str, Any] = dict(extra or {})
     base_ms = base_peak = base_wall = None
+    if baseline is not None and os.environ.get(BASELINES_ENV_VAR, "1").strip() == "0":
+        info["baseline_skipped"] = True
+        baseline = None
     if baseline is not None:
         try:
             base_peak = peak_memory_bytes(baseline, device=device) if measure_memory else None

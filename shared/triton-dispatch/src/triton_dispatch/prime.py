@@ -25,6 +25,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
+import time
 
 import torch
 
@@ -36,6 +37,8 @@ _threads: list[threading.Thread] = []
 _pending = False  # threads started and not yet joined by a wait
 _done: list[str] = []  # what the threads finished, for tests and benchmarks
 _errors: list[str] = []  # what failed on them (the first compile then does that part itself)
+_started = 0.0  # time.perf_counter() when the threads started
+_spans: list[tuple[str, float, float]] = []  # (step, start, end) seconds after _started
 
 
 def prime_enabled() -> bool:
@@ -74,6 +77,7 @@ def local_card_arch() -> int | None:
 def _step(name: str, work, *, record: bool = True) -> None:
     """Run ``work``; note ``name`` as finished (``record``) or its failure (the threads never
     raise: an internal that moved leaves that part to the first compile, as before)."""
+    begin = time.perf_counter() - _started
     try:
         work()
     except Exception as error:
@@ -81,6 +85,8 @@ def _step(name: str, work, *, record: bool = True) -> None:
     else:
         if record:
             _done.append(name)
+    if record:
+        _spans.append((name, begin, time.perf_counter() - _started))
 
 
 def _build_driver_module() -> None:
@@ -108,7 +114,7 @@ def start() -> bool:
     it runs. Two threads: the driver module, which a first launch needs before anything else
     and whose build is a host-compiler subprocess, beside the cache key and ``ptxas``'s
     version."""
-    global _pending
+    global _pending, _started
     with _lock:
         if _threads:
             return True
@@ -123,6 +129,7 @@ def start() -> bool:
 
         from . import cards, host_build  # noqa: F401
 
+        _started = time.perf_counter()
         jobs = (
             ("driver", lambda: _step("driver", _build_driver_module)),
             ("key", lambda: _step("key", _cache_key_and_ptxas, record=False)),
@@ -155,6 +162,17 @@ def finished() -> tuple[str, ...]:
     """What the background start completed: ``"driver"``, ``"triton_key"``, ``"ptxas"`` (when
     the card is known), in the order they finished."""
     return tuple(_done)
+
+
+def spans() -> tuple[tuple[str, float, float], ...]:
+    """When each finished step ran: ``(step, start, end)`` in seconds after the threads started
+    (for benchmarks that ask whether a first call waited on them, and why)."""
+    return tuple(_spans)
+
+
+def started_at() -> float | None:
+    """``time.perf_counter()`` when the threads started, or ``None`` when they did not."""
+    return _started if _threads else None
 
 
 def errors() -> tuple[str, ...]:
