@@ -1,6 +1,7 @@
 """``python -m triton_dispatch.tune`` on a simulated card: the per-card table it writes, merges
 and replaces. The package is a stand-in whose ``warmup()`` records made-up tuning results."""
 
+import gc
 import json
 import sys
 
@@ -60,6 +61,7 @@ def tables(tmp_path, monkeypatch):
     set_autotune(None, PACKAGE)
     for name in (PACKAGE, f"{PACKAGE}.warmup"):
         sys.modules.pop(name, None)
+    gc.collect()  # the stand-in kernels leave the registry (it holds them weakly)
 
 
 def _rows(path):
@@ -96,3 +98,77 @@ def test_a_card_the_registry_does_not_know_gets_a_table_that_describes_it(tables
     assert table_problems(data, "h800") == []
     card = parse_table(data, "h800").card
     assert (card.slug, card.capability, card.memory_bandwidth_gbs) == ("h800", (9, 0), 3352.3)
+
+
+def test_robust_choice_keeps_the_config_with_the_smallest_worst_slowdown():
+    a, b, c = (triton_config(block) for block in (32, 64, 128))
+    # a wins the first shape by 10 % and loses the second by 50 %; b is 5 % off on both
+    timings = [{a: 1.0, b: 1.05, c: 2.0}, {a: 3.0, b: 2.1, c: 2.0}]
+    config, ms, worst = tune.robust_choice(timings)
+    assert config.kwargs == b.kwargs and ms == 1.05 and worst == pytest.approx(1.05)
+    # configs compared by what they are, not by object: a new object of b's config counts
+    again = [{a: 1.0, b: 1.05}, {triton_config(64): 1.0, triton_config(32): 1.2}]
+    assert tune.robust_choice(again)[0].kwargs == b.kwargs
+    assert tune.robust_choice([{a: 1.0}, {c: 1.0}]) is None  # nothing timed on both
+    assert tune.robust_choice([]) is None
+
+
+def triton_config(block):
+    import triton
+
+    return triton.Config({"BLOCK": block}, num_warps=4, num_stages=2)
+
+
+ROBUST_WARMUP = """
+from types import SimpleNamespace
+
+import triton
+
+from triton_dispatch import autotune_mode
+
+TUNING_SHAPES = ["small", "large"]
+KERNELS = []
+CONFIGS = {b: triton.Config({"BLOCK": b}, num_warps=4, num_stages=2) for b in (64, 128)}
+# both shapes reach one regime: 64 is best on "small" by 2 %, 128 on "large" by 40 %
+TIMES = {"small": {64: 1.0, 128: 1.02}, "large": {64: 1.4, 128: 1.0}}
+
+
+class Kernel:
+    package, name = "fake_tuned_kernels", "scale_kernel"
+
+    def __init__(self):
+        self.tuned, self.timings, self.forgotten = {}, {}, 0
+
+    def forget_regimes(self):
+        self.tuned.clear()
+        self.forgotten += 1
+
+
+def warmup(shapes, device):
+    if not KERNELS:
+        KERNELS.append(Kernel())
+        autotune_mode.register(KERNELS[0])
+    kernel = KERNELS[0]
+    for shape in shapes:
+        key = (("N", 32), ("X", "torch.float32"))
+        if key in kernel.tuned:
+            continue  # chosen already in this process: no benchmark
+        timed = {CONFIGS[b]: ms for b, ms in TIMES[shape].items()}
+        best = min(timed, key=timed.get)
+        kernel.tuned[key] = (best, timed[best])
+        kernel.timings.setdefault(key, []).append(timed)
+    return SimpleNamespace(seconds=0.0, compiled=0)
+"""
+
+
+@pytest.mark.parametrize(("robust", "block"), [(False, 64), (True, 128)])
+def test_robust_tuning_benchmarks_every_shape_of_a_regime(tables, robust, block):
+    (tables.parent / "warmup.py").write_text(ROBUST_WARMUP)
+    with simulated_device(H200.facts()):
+        assert tune.main([PACKAGE] + (["--robust"] if robust else [])) == 0
+    data = json.loads((tables / "h200.json").read_text())
+    (row,) = data["kernels"]["scale_kernel"]
+    # the first shape's winner alone, or the config at most 2 % off on both shapes
+    assert row["config"]["kwargs"] == {"BLOCK": block}
+    kernel = sys.modules[f"{PACKAGE}.warmup"].KERNELS[0]
+    assert len(kernel.timings[(("N", 32), ("X", "torch.float32"))]) == (2 if robust else 1)

@@ -258,3 +258,23 @@ def test_opt_in_autotuning_benchmarks_once_and_a_new_process_reads_the_result(tm
     # another regime, autotuning off: no trial, the heuristic (no table here)
     again[(1,)](x, y, 8, 64, FLAG=True)
     assert benchmark_count() == before and launched[1]["BLOCK"] == 64
+
+
+def test_forgetting_the_regimes_benchmarks_them_again_and_keeps_every_timing(tmp_path, monkeypatch):
+    monkeypatch.setenv(tuning_cache.CACHE_ENV_VAR, "0")
+    monkeypatch.setattr(lc, "package_tables", lambda pkg: [])
+    x, y = torch.zeros(8), torch.zeros(8)
+    set_autotune(True, "fake_kernels")
+    try:
+        kernel = _gpu_style_kernel(monkeypatch, [])
+        kernel[(1,)](x, y, 8, 1024, FLAG=False)
+        (key,) = kernel.tuned
+        before = benchmark_count()
+        kernel.forget_regimes()
+        assert kernel.tuned == {} and kernel.sources == {}
+        kernel[(1,)](x, y, 8, 1024, FLAG=False)  # the same regime, benchmarked again
+        assert benchmark_count() - before == len(SPACE)
+        assert len(kernel.timings[key]) == 2
+        assert all(len(t) == len(SPACE) for t in kernel.timings[key])
+    finally:
+        set_autotune(None, "fake_kernels")

@@ -12,6 +12,12 @@ for this card, ``<package>/launch_configs/<slug>.json`` (:func:`~triton_dispatch
 ``h100.json`` on an H100, ``h200.json`` on an H200), its new rows merged into the rows already
 there (a row of the same key replaced; ``--replace`` drops the old rows); review the diff like
 code before shipping it.
+
+The kernels key their regimes on a few of a call's sizes, so shapes of different sizes share a
+regime (a one-query rerank over 1,000 documents and a 32 × 32 in-batch forward, say). By default
+a regime's row is the winner on the first shape that reaches it. ``--robust`` benchmarks every
+regime again on every shape that reaches it and keeps the config whose worst time over those
+shapes is closest to each shape's own best (:func:`robust_choice`).
 """
 
 from __future__ import annotations
@@ -49,6 +55,50 @@ def table_rows(package: str, card: str) -> dict[str, list[dict[str, Any]]]:
             row["card"] = card
             rows.setdefault(kernel.name, []).append(row)
     return rows
+
+
+def robust_choice(timings: Sequence[Mapping[Any, float]]) -> tuple[Any, float, float] | None:
+    """Of the configs timed on every shape of a regime (``timings``: ``{config: ms}`` per
+    shape), the one whose largest ratio to a shape's fastest time is smallest (ties: the
+    smaller sum of ratios): ``(config, its time on the first shape, that largest ratio)``;
+    ``None`` when no config was timed on every shape."""
+    if not timings:
+        return None
+
+    def ident(config) -> str:
+        return json.dumps(config_to_json(config), sort_keys=True, default=str)
+
+    per_shape = [{ident(c): (c, ms) for c, ms in t.items() if ms == ms and ms > 0} for t in timings]
+    common = set(per_shape[0]).intersection(*per_shape[1:])
+    if not common:
+        return None
+    best = [min(ms for _, ms in shape.values()) for shape in per_shape]
+
+    def ratios(name: str) -> list[float]:
+        return [shape[name][1] / fastest for shape, fastest in zip(per_shape, best)]
+
+    name = min(sorted(common), key=lambda n: (max(ratios(n)), sum(ratios(n))))
+    config, ms = per_shape[0][name]
+    return config, ms, max(ratios(name))
+
+
+def apply_robust_choices(package: str) -> list[str]:
+    """Set each regime's row of the package's kernels to :func:`robust_choice` over the shapes
+    that benchmarked it in this process (the first shape's winner where no config was timed on
+    all of them); a line per regime that more than one shape reached."""
+    lines = []
+    for kernel in tuned_kernels(package):
+        for key, timings in kernel.timings.items():
+            choice = robust_choice(timings)
+            if choice is None:
+                config = min(timings[0], key=timings[0].get)
+                choice = (config, timings[0][config], float("nan"))
+            config, ms, worst = choice
+            kernel.tuned[key] = (config, ms)
+            if len(timings) > 1:
+                lines.append(f"{kernel.name} {dict(key)}: {len(timings)} shapes, worst "
+                             f"{worst:.3f}x their best with {config_to_json(config)}")  # fmt: skip
+    return lines
 
 
 def merge_rows(
@@ -149,6 +199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="table file (default: the package's own for this card, launch_configs/<slug>.json)",
     )
     parser.add_argument("--replace", action="store_true", help="drop the rows already in --out")
+    parser.add_argument(
+        "--robust",
+        action="store_true",
+        help="benchmark each regime on every shape that reaches it; keep the config with the "
+        "smallest worst slowdown over them",
+    )
     args = parser.parse_args(argv)
 
     if not torch.cuda.is_available():
@@ -164,7 +220,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python -m triton_dispatch.tune " + shlex.join(sys.argv[1:] if argv is None else argv)
     merge = not args.replace
     for shape in shapes:  # the table is rewritten after each shape: a cut-off run keeps its rows
+        if args.robust:
+            for kernel in tuned_kernels(args.package):
+                kernel.forget_regimes()
         report = module.warmup([shape], device="cuda")
+        if args.robust:  # every regime benchmarked so far, this shape's and earlier shapes'
+            for line in apply_robust_choices(args.package):
+                print("  " + line, flush=True)
         table = write_table(args.package, out, command=command, merge=merge)
         merge = True
         print(f"{shape}: {report.seconds:.1f} s, {report.compiled} kernels compiled", flush=True)

@@ -112,6 +112,9 @@ class TunedKernel(Autotuner):
         self.package: str = self.base_fn.__module__.split(".")[0]
         self.sources: dict[tuple, str] = {}
         self.tuned: dict[tuple, tuple[Any, float | None]] = {}
+        #: every full benchmark of a regime in this process, in order: ``{config: ms}`` each
+        #: (several when :meth:`forget_regimes` let later shapes of a regime benchmark it again)
+        self.timings: dict[tuple, list[dict[Any, float]]] = {}
         self.too_large: dict[tuple, list[tuple[Any, int]]] = {}
         self._identities: dict[tuple[str, str], dict] = {}
         self._timing_briefly = False
@@ -138,6 +141,15 @@ class TunedKernel(Autotuner):
                 return self.fn.run(*args, **kwargs, **config.all_kwargs())
             finally:
                 self.nargs = None
+
+    def forget_regimes(self) -> None:
+        """Drop every regime's choice of this process (not :attr:`timings`), so the next call
+        of each regime selects again: the tuning command benchmarks a regime once per shape
+        that reaches it."""
+        with self._lock:
+            self.cache.clear()
+            self.tuned.clear()
+            self.sources.clear()
 
     def regime_key(self, named: Mapping[str, Any]) -> tuple:
         """The autotune key of one call as ``((name, value), ...)``: the key arguments, then the
@@ -166,6 +178,10 @@ class TunedKernel(Autotuner):
                 raise SharedMemoryError(too_large_message(self.name, facts, self.too_large[key]))
             config, ms = self._benchmark(args, kwargs, fitting)
             self.tuned[key] = (config, ms)
+            self.timings.setdefault(key, []).append(
+                {c: float(t[0] if isinstance(t, (list, tuple)) else t)
+                 for c, t in self.configs_timings.items()}
+            )  # fmt: skip
             self.sources[key] = "benchmark"
             tuning_cache.store(self._identity(device), named, config, ms)
             return config
