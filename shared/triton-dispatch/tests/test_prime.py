@@ -22,8 +22,6 @@ def fresh(monkeypatch):
     monkeypatch.setattr(prime, "_done", [])
     monkeypatch.setattr(prime, "_errors", [])
     monkeypatch.setattr(prime, "_spans", [])
-    monkeypatch.setattr(prime, "_switch", [])
-    monkeypatch.setattr(prime, "_running", 0)
     monkeypatch.delenv(prime.PRIME_ENV_VAR, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     # the real hook would stay installed in Triton for the rest of the test session
@@ -96,12 +94,10 @@ def test_with_a_gpu_it_computes_the_cache_key_asks_ptxas_and_builds_the_driver_m
     monkeypatch.setattr(nvidia_driver, "CudaUtils", Utils)
     monkeypatch.setattr(torch.cuda, "is_available", no_cuda)
     monkeypatch.setattr(torch.cuda, "init", no_cuda)
-    before = sys.getswitchinterval()
     assert prime.start()
     first = list(prime._threads)
     assert prime.start() and prime._threads == first  # once per process
     assert any(t.is_alive() for t in first)
-    assert sys.getswitchinterval() == pytest.approx(prime.SWITCH_INTERVAL)  # while they run
     waited = []
     waiter = threading.Thread(target=lambda: (prime.wait(), waited.append(time.perf_counter())))
     waiter.start()
@@ -120,23 +116,6 @@ def test_with_a_gpu_it_computes_the_cache_key_asks_ptxas_and_builds_the_driver_m
     assert spans["triton_key"][1] >= 0.05  # it ran until released, after the wait began
     assert spans["ptxas"][0] >= spans["triton_key"][1]
     assert prime.started_at() is not None
-    assert sys.getswitchinterval() == pytest.approx(before)  # restored by the last thread
-
-
-def test_a_switch_interval_changed_meanwhile_is_left_alone(fresh, monkeypatch):
-    release = threading.Event()
-    monkeypatch.setattr(prime, "nvidia_gpu_present", lambda: True)
-    monkeypatch.setattr(prime, "_build_driver_module", lambda: None)
-    monkeypatch.setattr(prime, "_cache_key_and_ptxas", lambda: release.wait(timeout=30))
-    before = sys.getswitchinterval()
-    try:
-        assert prime.start()
-        sys.setswitchinterval(0.002)  # the user's own, set while the threads run
-        release.set()
-        prime.wait()
-        assert sys.getswitchinterval() == pytest.approx(0.002)
-    finally:
-        sys.setswitchinterval(before)
 
 
 def test_an_unknown_card_skips_only_the_ptxas_question(fresh, monkeypatch):

@@ -9,9 +9,7 @@ first ResidualVQ step took with a warm disk cache. Importing triton-dispatch sta
 daemon threads, so an op's first call, which usually follows loading a model and its data, finds
 them done; a first call that comes sooner waits for them (:func:`wait`) instead of computing them
 a second time beside them. ``hashlib`` and the host compiler's subprocess leave the
-interpreter free meanwhile; while the threads run, the interpreter switches threads every 0.1 ms
-instead of 5 ms (:data:`SWITCH_INTERVAL`), so the key's many short takes of the interpreter lock
-do not each wait out the main thread's imports.
+interpreter free meanwhile.
 
 The threads never initialise CUDA (a process that forks workers after importing must not have):
 whether a GPU is there is read from the NVIDIA driver's device files, the driver module is built
@@ -26,7 +24,6 @@ from __future__ import annotations
 
 import glob
 import os
-import sys
 import threading
 import time
 
@@ -42,15 +39,6 @@ _done: list[str] = []  # what the threads finished, for tests and benchmarks
 _errors: list[str] = []  # what failed on them (the first compile then does that part itself)
 _started = 0.0  # time.perf_counter() when the threads started
 _spans: list[tuple[str, float, float]] = []  # (step, start, end) seconds after _started
-
-#: The interpreter's thread switch interval while the threads run (seconds). The cache key reads
-#: and hashes ``libtriton`` in 1 MB chunks, taking the interpreter lock back after each read and
-#: each hash; beside an importing main thread every take waited out the default 5 ms interval:
-#: 0.75 s for the key on an H100 host, 5 s with the main thread busy throughout, 0.38 s at 0.1 ms
-#: (0.24 s alone). The interval in force before is restored once both threads are done.
-SWITCH_INTERVAL = 1e-4
-_switch: list[float] = []  # [interval before, interval set], while the threads run
-_running = 0  # threads not yet finished
 
 
 def prime_enabled() -> bool:
@@ -110,19 +98,6 @@ def _build_driver_module() -> None:
     CudaUtils()  # builds (or loads) it; Triton's driver, created later, finds it cached
 
 
-def _finish_thread() -> None:
-    """Called by each thread as it ends: the last one restores the switch interval (unless
-    someone changed it meanwhile)."""
-    global _running
-    with _lock:
-        _running -= 1
-        if _running == 0 and _switch:
-            before, ours = _switch
-            _switch.clear()
-            if sys.getswitchinterval() == ours:
-                sys.setswitchinterval(before)
-
-
 def _cache_key_and_ptxas() -> None:
     from triton.runtime.cache import triton_key
 
@@ -134,22 +109,12 @@ def _cache_key_and_ptxas() -> None:
         _step("ptxas", lambda: get_ptxas_version(arch))
 
 
-def _then_finish(job):
-    def run() -> None:
-        try:
-            job()
-        finally:
-            _finish_thread()
-
-    return run
-
-
 def start() -> bool:
     """Start the background work once per process (a no-op later or when switched off); whether
     it runs. Two threads: the driver module, which a first launch needs before anything else
     and whose build is a host-compiler subprocess, beside the cache key and ``ptxas``'s
     version."""
-    global _pending, _started, _running
+    global _pending, _started
     with _lock:
         if _threads:
             return True
@@ -169,15 +134,8 @@ def start() -> bool:
             ("driver", lambda: _step("driver", _build_driver_module)),
             ("key", lambda: _step("key", _cache_key_and_ptxas, record=False)),
         )
-        before = sys.getswitchinterval()
-        if before > SWITCH_INTERVAL:
-            sys.setswitchinterval(SWITCH_INTERVAL)
-            _switch[:] = [before, sys.getswitchinterval()]
-        _running = len(jobs)
         for name, job in jobs:
-            thread = threading.Thread(
-                target=_then_finish(job), name=f"triton-dispatch-prime-{name}", daemon=True
-            )
+            thread = threading.Thread(target=job, name=f"triton-dispatch-prime-{name}", daemon=True)
             _threads.append(thread)
             thread.start()
         _pending = True
