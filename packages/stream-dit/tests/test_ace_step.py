@@ -155,11 +155,19 @@ def _fused_inputs(seed: int, rows: int = 4, frames: int = 23, length: int = 6):
     return x, t, states, states_mask, frame_mask, context
 
 
-@pytest.mark.parametrize("with_masks", [True, False], ids=["padded", "full"])
-def test_fused_blocks_match_diffusers_blocks(seed, with_masks):
+@pytest.mark.parametrize(
+    ("with_masks", "fold"),
+    [(True, False), (False, False), (True, True)],
+    ids=["padded", "full", "padded-folded"],
+)
+def test_fused_blocks_match_diffusers_blocks(seed, with_masks, fold, monkeypatch):
     """The fused path (stacked projections, fused norms, rotary, SwiGLU and the banded attention
     kernel, run here in Triton's interpreter) against diffusers' blocks on the same inputs; on
-    the real rows of a padded batch too."""
+    the real rows of a padded batch too. ``fold``: the cross-attention as weights times values
+    through the output projection, which the published size takes from 256 latent tokens."""
+    from stream_dit.model import ace_step_fused
+
+    monkeypatch.setattr(ace_step_fused, "folds_cross_values", lambda *sizes: fold)
     fused = build_ace_step("tiny", seed=seed % 1000, fused=True)
     x, t, states, states_mask, frame_mask, context = _fused_inputs(seed)
     if not with_masks:

@@ -11,6 +11,8 @@ from stream_dit.ops.adaln_norm import (
     rms_norm_modulate,
 )
 from stream_dit.ops.attention import attention, attention_reference
+from stream_dit.ops.attention_weights import attention_weights, attention_weights_reference
+from stream_dit.ops.head_values import head_values, head_values_reference
 from stream_dit.ops.qk_norm_rotary import qk_norm_rotary_, qk_norm_rotary_reference_, rotary_tables
 from stream_dit.ops.swiglu import swiglu, swiglu_reference
 from triton_dispatch.compile_check import compile_recorded, recorded_launches, unavailable_reason
@@ -199,12 +201,78 @@ def test_attention_checks_its_arguments(rng):
         attention(q, k.half(), v.half(), scale=1.0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norms", [False, True])
+def test_attention_weights_match_float64(rng, device, dtype, norms):
+    """Few keys, grouped heads, a padded mask with a row that has no key (zero weights)."""
+    q, k, _ = _qkv(rng, 3, 21, 5, 4, 2, 16, device, dtype)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    qw, kw = (torch.randn(16, generator=rng).to(device, dtype) if norms else None for _ in "qk")
+    out = attention_weights(q, k, mask.to(device), scale=0.25, q_weight=qw, k_weight=kw, eps=1e-5)
+    ref = attention_weights_reference(*_f64(q, k), mask, *_f64(qw, kw), scale=0.25, eps=1e-5)
+    assert out.shape == (3, 21, 4, 5) and out.is_contiguous()
+    assert_close(out, ref, dtype=dtype)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    real = out[0].float().sum(-1)  # each query's weights over its keys sum to one
+    torch.testing.assert_close(real, torch.ones_like(real), atol=5e-3, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_head_values_match_float64_and_fold_the_output_projection(rng, device, dtype):
+    """Values read in place from a fused key/value projection (strided), grouped heads, an odd
+    output width; weights times them equal the attention through the projection."""
+    kv = torch.randn(2, 7, 2 * 2 * 16, generator=rng).to(device, dtype)
+    k, v = (p.unflatten(-1, (2, 16)) for p in kv.split([32, 32], -1))
+    weight = torch.randn(40, 4 * 16, generator=rng).to(device, dtype)
+    out = head_values(v, weight, heads=4)
+    assert out.shape == (2, 4 * 7, 40)
+    assert_close(out, head_values_reference(*_f64(v, weight), heads=4), dtype=dtype)
+    q = torch.randn(2, 9, 4, 16, generator=rng).to(device, dtype)
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1, 0], [1, 0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    folded = attention_weights(q, k, mask.to(device), scale=0.3).flatten(2).double() @ out.double()
+    direct = attention_reference(*_f64(q, k, v), mask, scale=0.3).flatten(2) @ _f64(weight)[0].T
+    assert_close(folded.to(dtype), direct, dtype=dtype)
+
+
+def test_attention_weights_and_head_values_check_their_arguments(rng):
+    q, k, v = _qkv(rng, 2, 8, 8, 4, 2, 16, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="at most 128 keys"):
+        attention_weights(q, torch.randn(2, 129, 2, 16), scale=1.0)
+    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+        attention_weights(q[:, :, :3], k, scale=1.0)
+    with pytest.raises(TypeError, match="share a dtype"):
+        attention_weights(q, k.half(), scale=1.0)
+    with pytest.raises(ValueError, match=r"key_mask must be \(2, 8\)"):
+        attention_weights(q, k, torch.ones(2, 7, dtype=torch.bool), scale=1.0)
+    weight = torch.randn(24, 64)
+    with pytest.raises(ValueError, match=r"weight must be \(D_out, heads·d = 64\)"):
+        head_values(v, torch.randn(24, 48), heads=4)
+    with pytest.raises(ValueError, match="multiple of v's heads"):
+        head_values(v, torch.randn(24, 48), heads=3)
+    with pytest.raises(TypeError, match="share a dtype"):
+        head_values(v, weight.half(), heads=4)
+    with pytest.raises(ValueError, match="at most 128 values"):
+        head_values(torch.randn(1, 129, 2, 16), weight, heads=4)
+    assert head_values(v[:, :0], weight, heads=4).shape == (2, 0, 24)
+    assert attention_weights(q, k[:, :0], scale=1.0).shape == (2, 8, 4, 0)
+
+
+def test_cross_values_fold_from_long_rows():
+    from stream_dit.model.ace_step_fused import folds_cross_values
+
+    assert folds_cross_values(750, 64, 128)  # 60 s rows of ACE-Step 1.5
+    assert not folds_cross_values(125, 64, 128)  # 10 s rows: the values' share is small
+    assert not folds_cross_values(10_000, 128, 128)  # as many keys as the head is wide
+
+
 @pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 def test_gpu_launches_compile_for_sm90(rng):
     """The launches CUDA plans bind (GPU blocks, bf16, the published ACE-Step head size) compile
     for an sm_90 GPU."""
     from stream_dit.ops.adaln_norm.kernels import adaln_rms_norm_plan
     from stream_dit.ops.attention.kernels import attention_plan
+    from stream_dit.ops.attention_weights.kernels import attention_weights_plan
+    from stream_dit.ops.head_values.kernels import head_values_plan
     from stream_dit.ops.qk_norm_rotary.kernels import qk_norm_rotary_plan
     from stream_dit.ops.swiglu.kernels import swiglu_plan
 
@@ -239,7 +307,17 @@ def test_gpu_launches_compile_for_sm90(rng):
             t = dict(zip("qkv", qkv_), key_mask=key_mask, q_weight=weight, k_weight=weight)
             s = dict(scale=128**-0.5, window=window, eps=1e-6)
             attention_plan(Call(t, s, x.device, "triton")).forward(*t.values())
+        # the folded cross-attention: weights over 64 keys, values through the projection
+        cross = torch.randn(2, 64, 2048).to(bf)
+        ck, cv = (p.unflatten(-1, (-1, 128)) for p in cross.split([1024, 1024], -1))
+        keys = torch.ones(2, 64, dtype=torch.bool)
+        t = dict(q=q, k=ck, key_mask=keys, q_weight=hw, k_weight=hw)
+        s = dict(scale=128**-0.5, eps=1e-6)
+        attention_weights_plan(Call(t, s, x.device, "triton")).forward(*t.values())
+        t = dict(v=cv, weight=torch.randn(256, 2048).to(bf))  # D_out is no constexpr
+        head_values_plan(Call(t, dict(heads=16), x.device, "triton")).forward(*t.values())
     names = sorted({name for _, name, _ in calls})
     assert names == ["_adaln_rms_norm_kernel", "_attention_kernel", "_few_keys_attention_kernel",
-                     "_qk_norm_rotary_kernel", "_swiglu_kernel"]  # fmt: skip
+                     "_head_values_kernel", "_qk_norm_rotary_kernel", "_swiglu_kernel"]  # fmt: skip
+    assert len({(name, str(meta)) for _, name, meta in calls}) > len(names)
     assert compile_recorded(calls) == []

@@ -22,7 +22,12 @@ Per block, against diffusers' forward:
 * attention is one flash-attention kernel per sublayer (:func:`~stream_dit.ops.attention`)
   that reads queries, keys and values in place from the fused projections, takes padding as a
   ``(B, N)`` key mask and skips the key blocks outside the sliding window: no dense
-  ``(B, 1, N, N)`` mask is built, and a padded batch runs as fast as a full one.
+  ``(B, 1, N, N)`` mask is built, and a padded batch runs as fast as a full one;
+* the cross-attention of long rows writes its softmax weights over the few conditioning tokens
+  (:func:`~stream_dit.ops.attention_weights`) and multiplies them by the values already taken
+  through each head's slice of the output projection (:func:`~stream_dit.ops.head_values`):
+  with 64 tokens and heads of 128 the output projection does half the multiply-adds
+  (:func:`folds_cross_values`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from torch import nn
 
 from ..ops.adaln_norm import adaln_rms_norm, rms_norm_modulate
 from ..ops.attention import attention
+from ..ops.attention_weights import attention_weights
+from ..ops.head_values import head_values
 from ..ops.qk_norm_rotary import qk_norm_rotary_, rotary_tables
 from ..ops.swiglu import swiglu
 
@@ -179,9 +186,18 @@ class FusedAceStep:
             cq = F.linear(normed, ca.to_q.weight, ca.to_q.bias)
             (cq,) = _heads(cq, (heads,), d)
             ck, cv = _heads(cross_kv[:, :, i], (kv_heads, kv_heads), d)
-            attn = attention(cq, ck, cv, encoder_mask, scale=ca.scaling, q_weight=ca.norm_q.weight,
-                             k_weight=ca.norm_k.weight, eps=ca.norm_q.eps)  # fmt: skip
-            attn = ca.to_out[0](attn.flatten(2))
+            out_proj = ca.to_out[0]
+            norms = dict(q_weight=ca.norm_q.weight, k_weight=ca.norm_k.weight, eps=ca.norm_q.eps)
+            if folds_cross_values(n, ck.shape[1], d):
+                weights = attention_weights(cq, ck, encoder_mask, scale=ca.scaling, **norms)
+                values = head_values(cv, out_proj.weight, heads=heads)
+                if out_proj.bias is None:
+                    attn = torch.bmm(weights.flatten(2), values)
+                else:
+                    attn = torch.baddbmm(out_proj.bias, weights.flatten(2), values)
+            else:
+                attn = attention(cq, ck, cv, encoder_mask, scale=ca.scaling, **norms)
+                attn = out_proj(attn.flatten(2))
             hidden, normed = adaln_rms_norm(hidden, layer.mlp_norm.weight, attn,
                                             scale=mods[:, i, 4], shift=mods[:, i, 3],
                                             eps=layer.mlp_norm.eps)  # fmt: skip
@@ -195,6 +211,17 @@ class FusedAceStep:
             hidden, normed = adaln_rms_norm(hidden, nxt.weight, ff, gate=mods[:, i, 5],
                                             scale=scale, shift=shift, eps=nxt.eps)  # fmt: skip
         return normed
+
+
+def folds_cross_values(queries: int, keys: int, head_dim: int) -> bool:
+    """Whether the cross-attention of ``queries`` tokens per row to ``keys`` conditioning tokens
+    runs as ``weights @ (values through each head's slice of the output projection)``
+    (:func:`~stream_dit.ops.head_values.head_values`) instead of ``(weights @ values) @ W``.
+    Per row and head the first costs ``N·M·D + M·d·D`` multiply-adds, the second ``N·d·D``: it
+    is taken where it saves at least half of the values' share, ``N·(d − M) >= 2·M·d`` (ACE-Step
+    1.5: 64 conditioning tokens, heads of 128, from 256 latent tokens; the output projection of
+    a 60 s row then does half its work)."""
+    return keys < head_dim and queries * (head_dim - keys) >= 2 * keys * head_dim
 
 
 def _heads(x: torch.Tensor, counts: tuple[int, ...], d: int) -> list[torch.Tensor]:

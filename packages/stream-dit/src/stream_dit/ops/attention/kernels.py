@@ -91,11 +91,14 @@ def _few_keys_attention_kernel(
     n_q, n_k, heads, group, scale_log2e, eps,
     HAS_MASK: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, PRECISION: tl.constexpr,
+    WEIGHTS: tl.constexpr = False,
 ):  # fmt: skip
     """Attention to at most ``BLOCK_N`` keys (cross-attention to conditioning tokens): the keys
     and values of a (batch row, head) fit one tile, so a program loads and norms them once and
     walks every ``CHUNKS``-th block of queries with an exact softmax, the next block's queries
-    already loading while this one computes. The work is reading queries and writing outputs."""
+    already loading while this one computes. The work is reading queries and writing outputs.
+    ``WEIGHTS``: the softmax probabilities are the output (``o_ptr`` rows of ``n_k`` keys, unit
+    stride), and the values are never read."""
     chunk = tl.program_id(0)
     bh = tl.program_id(1)
     b = (bh // heads).to(tl.int64)
@@ -111,8 +114,9 @@ def _few_keys_attention_kernel(
         k_inv = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) / HEAD_DIM + eps)
         kw = tl.load(kw_ptr + offs_d).to(tl.float32)
         kt = (kf * k_inv[None, :] * kw[:, None]).to(kt.dtype)
-    v = tl.load(v_ptr + b * sv_b + hk * sv_h + offs_n[:, None] * sv_n + offs_d[None, :],
-                mask=in_k[:, None], other=0.0)  # fmt: skip
+    if not WEIGHTS:
+        v = tl.load(v_ptr + b * sv_b + hk * sv_h + offs_n[:, None] * sv_n + offs_d[None, :],
+                    mask=in_k[:, None], other=0.0)  # fmt: skip
     valid = in_k
     if HAS_MASK:
         keep = tl.load(mask_ptr + b * sm_b + offs_n * sm_n, mask=in_k, other=0)
@@ -141,9 +145,14 @@ def _few_keys_attention_kernel(
         m = tl.where(m == float("-inf"), 0.0, m)  # no key: probabilities 0, output 0
         p = tl.math.exp2(s - m[:, None])
         total = tl.sum(p, axis=1)
-        out = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        out = out / tl.where(total == 0.0, 1.0, total)[:, None]
-        tl.store(o_base + rows[:, None] * so_n, out.to(kt.dtype), mask=(rows < n_q)[:, None])
+        if WEIGHTS:
+            w = p / tl.where(total == 0.0, 1.0, total)[:, None]
+            tl.store(o_ptr + b * so_b + h * so_h + rows[:, None] * so_n + offs_n[None, :],
+                     w.to(kt.dtype), mask=(rows < n_q)[:, None] & in_k[None, :])  # fmt: skip
+        else:
+            out = tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            out = out / tl.where(total == 0.0, 1.0, total)[:, None]
+            tl.store(o_base + rows[:, None] * so_n, out.to(kt.dtype), mask=(rows < n_q)[:, None])
 
 
 #: Up to this many keys (and no window) a (batch row, head)'s keys and values fit one tile.
@@ -219,7 +228,8 @@ def attention_plan(call: Call) -> SimpleNamespace:
 
 
 def _strides(call: Call, n: int, heads: int, d: int) -> dict:
-    q, k, v, mask = call["q"], call["k"], call["v"], call["key_mask"]
+    q, k, mask = call["q"], call["k"], call["key_mask"]
+    v = call["v"] if "v" in call.tensors else k  # a call for the weights alone has no values
     # the output is laid out (B, N, H, d): flattening its heads gives the out-projection's input
     return dict(
         sq_b=q.stride(0), sq_n=q.stride(1), sq_h=q.stride(2),
@@ -244,7 +254,10 @@ def few_keys_config(backend: str, batch_heads: int, n_q: int, sm_count: int) -> 
     return dict(BLOCK_M=block_m, CHUNKS=chunks, num_warps=4)
 
 
-def _few_keys_plan(call: Call) -> SimpleNamespace:
+def few_keys_launch(call: Call, *, weights: bool = False) -> KernelLaunch:
+    """The bound launch of :func:`_few_keys_attention_kernel` for a validated call of at most
+    :data:`FEW_KEYS` keys and no window; ``weights``: the launch writes the ``(B, N, H, M)``
+    softmax probabilities instead of the outputs (the call then has no values: ``k`` stands in)."""
     q, k = call["q"], call["k"]
     b, n, heads, d = q.shape
     n_k, kv_heads = k.shape[1], k.shape[2]
@@ -252,21 +265,29 @@ def _few_keys_plan(call: Call) -> SimpleNamespace:
     config = few_keys_config(call.backend, b * heads, n, sm_count)
     warps = config.pop("num_warps")
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    launch = KernelLaunch(
+    strides = _strides(call, n, heads, d)
+    if weights:  # (B, N, H, M) contiguous
+        strides.update(sv_b=strides["sk_b"], sv_n=strides["sk_n"], sv_h=strides["sk_h"],
+                       so_b=n * heads * n_k, so_n=heads * n_k, so_h=n_k)  # fmt: skip
+    return KernelLaunch(
         _few_keys_attention_kernel,
         (config["CHUNKS"], b * heads),
         dict(
-            **_strides(call, n, heads, d),
+            **strides,
             n_q=n, n_k=n_k, heads=heads, group=heads // kv_heads,
             scale_log2e=call["scale"] * math.log2(math.e), eps=call["eps"],
             HAS_MASK=call["key_mask"] is not None, Q_NORM=call["q_weight"] is not None,
             K_NORM=call["k_weight"] is not None, HEAD_DIM=d,
-            BLOCK_N=max(16, triton.next_power_of_2(n_k)), PRECISION=precision, **config,
+            BLOCK_N=max(16, triton.next_power_of_2(n_k)), PRECISION=precision, WEIGHTS=weights,
+            **config,
         ),
         device=call.device,
         options={"num_warps": warps, "num_stages": 1},
     )  # fmt: skip
-    return SimpleNamespace(forward=_forward_through(launch))
+
+
+def _few_keys_plan(call: Call) -> SimpleNamespace:
+    return SimpleNamespace(forward=_forward_through(few_keys_launch(call)))
 
 
 def _forward_through(launch: KernelLaunch):
