@@ -167,7 +167,11 @@ def test_fused_blocks_match_diffusers_blocks(seed, with_masks, fold, monkeypatch
     through the output projection, which the published size takes from 256 latent tokens."""
     from stream_dit.model import ace_step_fused
 
-    monkeypatch.setattr(ace_step_fused, "folds_cross_values", lambda *sizes: fold)
+    calls = []
+    monkeypatch.setattr(
+        ace_step_fused, "folds_cross_values", lambda *sizes: calls.append(sizes) or fold
+    )
+    monkeypatch.setenv(ace_step_fused.FOLD_ENV_VAR, "1" if fold else "0")
     fused = build_ace_step("tiny", seed=seed % 1000, fused=True)
     x, t, states, states_mask, frame_mask, context = _fused_inputs(seed)
     if not with_masks:
@@ -178,6 +182,7 @@ def test_fused_blocks_match_diffusers_blocks(seed, with_masks, fold, monkeypatch
         want = fused(x, t, states, states_mask, frame_mask, context)
     torch.testing.assert_close(_real(got, frame_mask), _real(want, frame_mask), **TOL)
     assert torch.isfinite(got).all()  # padded frames stay finite (they feed nothing, NaN would)
+    assert bool(calls) == fold  # the route is asked only when the fold is switched on
 
 
 def _real(out: torch.Tensor, frame_mask: torch.Tensor | None) -> torch.Tensor:

@@ -23,7 +23,8 @@ Per block, against diffusers' forward:
   that reads queries, keys and values in place from the fused projections, takes padding as a
   ``(B, N)`` key mask and skips the key blocks outside the sliding window: no dense
   ``(B, 1, N, N)`` mask is built, and a padded batch runs as fast as a full one;
-* the cross-attention of long rows writes its softmax weights over the few conditioning tokens
+* optionally (:attr:`FusedAceStep.fold_cross_values`), the cross-attention of long rows writes
+  its softmax weights over the few conditioning tokens
   (:func:`~stream_dit.ops.attention_weights`) and multiplies them by the values already taken
   through each head's slice of the output projection (:func:`~stream_dit.ops.head_values`):
   with 64 tokens and heads of 128 the output projection does half the multiply-adds
@@ -32,6 +33,7 @@ Per block, against diffusers' forward:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +46,9 @@ from ..ops.attention_weights import attention_weights
 from ..ops.head_values import head_values
 from ..ops.qk_norm_rotary import qk_norm_rotary_, rotary_tables
 from ..ops.swiglu import swiglu
+
+#: ``1`` turns :attr:`FusedAceStep.fold_cross_values` on.
+FOLD_ENV_VAR = "STREAM_DIT_FOLD_CROSS_VALUES"
 
 
 @dataclass
@@ -96,6 +101,10 @@ class FusedAceStep:
         # view; a load in place keeps it (the stacked tensor sees the new values)
         self._pointers = self._weight_pointers()
         self._rotary: dict = {}
+        #: Run long rows' cross-attention as weights times values through the output projection
+        #: (:func:`folds_cross_values`). Off unless ``STREAM_DIT_FOLD_CROSS_VALUES=1`` until it is
+        #: timed against the direct path on a GPU.
+        self.fold_cross_values = os.environ.get(FOLD_ENV_VAR, "0").strip() == "1"
 
     def _weight_pointers(self) -> tuple[int, ...]:
         return tuple(lin.weight.data_ptr() for _, group in self._stacks for lin in group)
@@ -188,7 +197,7 @@ class FusedAceStep:
             ck, cv = _heads(cross_kv[:, :, i], (kv_heads, kv_heads), d)
             out_proj = ca.to_out[0]
             norms = dict(q_weight=ca.norm_q.weight, k_weight=ca.norm_k.weight, eps=ca.norm_q.eps)
-            if folds_cross_values(n, ck.shape[1], d):
+            if self.fold_cross_values and folds_cross_values(n, ck.shape[1], d):
                 weights = attention_weights(cq, ck, encoder_mask, scale=ca.scaling, **norms)
                 values = head_values(cv, out_proj.weight, heads=heads)
                 if out_proj.bias is None:
