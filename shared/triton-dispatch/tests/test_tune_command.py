@@ -162,7 +162,7 @@ def warmup(shapes, device):
 
 
 @pytest.mark.parametrize(("robust", "block"), [(False, 64), (True, 128)])
-def test_robust_tuning_benchmarks_every_shape_of_a_regime(tables, robust, block):
+def test_robust_tuning_benchmarks_every_shape_of_a_regime(tables, robust, block, capsys):
     (tables.parent / "warmup.py").write_text(ROBUST_WARMUP)
     with simulated_device(H200.facts()):
         assert tune.main([PACKAGE] + (["--robust"] if robust else [])) == 0
@@ -172,3 +172,5 @@ def test_robust_tuning_benchmarks_every_shape_of_a_regime(tables, robust, block)
     assert row["config"]["kwargs"] == {"BLOCK": block}
     kernel = sys.modules[f"{PACKAGE}.warmup"].KERNELS[0]
     assert len(kernel.timings[(("N", 32), ("X", "torch.float32"))]) == (2 if robust else 1)
+    # the regime two shapes reached, and how far its row is from each shape's best
+    assert ("2 shapes, worst 1.020x their best" in capsys.readouterr().out) is robust

@@ -219,17 +219,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or default_table_path(args.package, card_of(device_facts(None)).slug)
     command = "python -m triton_dispatch.tune " + shlex.join(sys.argv[1:] if argv is None else argv)
     merge = not args.replace
+    lines: list[str] = []
     for shape in shapes:  # the table is rewritten after each shape: a cut-off run keeps its rows
         if args.robust:
             for kernel in tuned_kernels(args.package):
                 kernel.forget_regimes()
         report = module.warmup([shape], device="cuda")
         if args.robust:  # every regime benchmarked so far, this shape's and earlier shapes'
-            for line in apply_robust_choices(args.package):
-                print("  " + line, flush=True)
+            lines = apply_robust_choices(args.package)
         table = write_table(args.package, out, command=command, merge=merge)
         merge = True
         print(f"{shape}: {report.seconds:.1f} s, {report.compiled} kernels compiled", flush=True)
+    for line in lines:  # the regimes more than one shape reached, once all have run
+        print("  " + line)
     rows = sum(len(r) for r in table["kernels"].values())
     print(f"wrote {rows} rows for {len(table['kernels'])} kernels to {out}")
     return 0
