@@ -57,6 +57,11 @@ SOURCES = ("cache", "table", "nearest", "borrowed", "heuristic", "benchmark", "b
 Default = Any  # a triton.Config, or ``f(named_args) -> triton.Config``
 
 
+def _median_ms(timing) -> float:
+    """A trial's time: Triton's ``_bench`` gives the (median, low, high) quantiles, or one value."""
+    return float(timing[0] if isinstance(timing, (list, tuple)) else timing)
+
+
 def _closeness(a, b) -> int:
     """How many launch settings two configs share (for the config nearest a default)."""
     ka, kb = a.all_kwargs(), b.all_kwargs()
@@ -179,9 +184,8 @@ class TunedKernel(Autotuner):
             config, ms = self._benchmark(args, kwargs, fitting)
             self.tuned[key] = (config, ms)
             self.timings.setdefault(key, []).append(
-                {c: float(t[0] if isinstance(t, (list, tuple)) else t)
-                 for c, t in self.configs_timings.items()}
-            )  # fmt: skip
+                {c: _median_ms(t) for c, t in self.configs_timings.items()}
+            )
             self.sources[key] = "benchmark"
             tuning_cache.store(self._identity(device), named, config, ms)
             return config
@@ -231,8 +235,7 @@ class TunedKernel(Autotuner):
         def time_one(config) -> float | None:
             if not self._fits(key, config, args, kwargs, facts):
                 return None
-            ms = self._bench(*args, config=config, **kwargs)
-            return float(ms[0] if isinstance(ms, (list, tuple)) else ms)
+            return _median_ms(self._bench(*args, config=config, **kwargs))
 
         self._timing_briefly = True
         try:
@@ -387,8 +390,7 @@ class TunedKernel(Autotuner):
         best = min(timings, key=timings.get)
         self.pre_hook({**self.nargs, **kwargs, **best.all_kwargs()}, reset_only=True)
         self.configs_timings = timings
-        ms = timings[best]
-        return best, float(ms[0] if isinstance(ms, (list, tuple)) else ms)
+        return best, _median_ms(timings[best])
 
     def _device(self, named: Mapping[str, Any]) -> torch.device:
         tensor = next((v for v in named.values() if isinstance(v, torch.Tensor)), None)

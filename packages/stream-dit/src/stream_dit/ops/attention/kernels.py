@@ -267,8 +267,7 @@ def few_keys_launch(call: Call, *, weights: bool = False) -> KernelLaunch:
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     strides = _strides(call, n, heads, d)
     if weights:  # (B, N, H, M) contiguous
-        strides.update(sv_b=strides["sk_b"], sv_n=strides["sk_n"], sv_h=strides["sk_h"],
-                       so_b=n * heads * n_k, so_n=heads * n_k, so_h=n_k)  # fmt: skip
+        strides.update(so_b=n * heads * n_k, so_n=heads * n_k, so_h=n_k)
     return KernelLaunch(
         _few_keys_attention_kernel,
         (config["CHUNKS"], b * heads),

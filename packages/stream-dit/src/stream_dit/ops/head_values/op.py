@@ -4,15 +4,11 @@ checks of the call. Inference only."""
 
 from __future__ import annotations
 
-import torch
-
 from triton_dispatch.declaration import Call, OpDeclaration, SettingSpec, TensorSpec
 
+from ..attention.op import FLOATS
+from ..attention_weights.op import MAX_KEYS  # a head's values fit one tile, as its keys do
 from .reference import head_values_reference
-
-FLOATS = (torch.float16, torch.bfloat16, torch.float32)
-#: The values of a head fit one tile (as the few-keys attention's keys do).
-MAX_KEYS = 128
 
 
 def _check(call: Call) -> None:
