@@ -10,6 +10,7 @@ Runs on the GPU machine with the packages' ``src`` folders on ``PYTHONPATH``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -74,6 +75,59 @@ print('FIRST', t1 - t0, t2 - t1)
         return {"mode": mode, "error": res.stderr[-2000:]}
     _, first, second = line[0].split()
     return {"mode": mode, "first_s": float(first), "second_s": float(second)}
+
+
+def kernel_gaps(fn, top: int = 12) -> dict:
+    """One call of ``fn`` under the profiler: kernels, their summed time, the span from the first
+    kernel's start to the last one's end, and the idle time between them (the largest gaps with
+    the kernels on either side, and the idle time rolled up by the kernel that waited)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from stream_dit.profiler import categorize
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        events = json.loads(Path(path).read_text())["traceEvents"]
+    kernels = sorted(
+        (e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+        key=lambda e: e["ts"],
+    )
+    if not kernels:
+        return {"kernels": 0}
+    gaps, by_next = [], {}
+    end = kernels[0]["ts"] + kernels[0]["dur"]
+    busy = kernels[0]["dur"]
+    for prev, nxt in itertools.pairwise(kernels):
+        gap = nxt["ts"] - end
+        if gap > 0:
+            gaps.append((gap, prev["name"][:70], nxt["name"][:70]))
+            cat = categorize(nxt["name"]) + ":" + nxt["name"][:40]
+            by_next[cat] = by_next.get(cat, 0.0) + gap
+        busy += max(0.0, nxt["ts"] + nxt["dur"] - max(end, nxt["ts"]))
+        end = max(end, nxt["ts"] + nxt["dur"])
+    span = end - kernels[0]["ts"]
+    gaps.sort(reverse=True)
+    sizes = [g for g, _, _ in gaps]
+    return {
+        "kernels": len(kernels),
+        "kernel_sum_ms": sum(e["dur"] for e in kernels) / 1e3,
+        "busy_ms": busy / 1e3,
+        "span_ms": span / 1e3,
+        "idle_ms": (span - busy) / 1e3,
+        "gaps_over_us": {str(t): sum(1 for g in sizes if g > t) for t in (1, 2, 5, 10, 50)},
+        "median_gap_us": sorted(sizes)[len(sizes) // 2] if sizes else 0.0,
+        "top_gaps": [{"us": g, "after": a, "before": b} for g, a, b in gaps[:top]],
+        "idle_by_next_kernel_ms": dict(
+            sorted(((k, v / 1e3) for k, v in by_next.items()), key=lambda kv: -kv[1])[:top]
+        ),
+    }
 
 
 def attention_sweep() -> list:
@@ -322,6 +376,10 @@ def main() -> None:
     ap.add_argument("--sweeps", default="",
                     help="launch-config sweeps: attention,pointwise,gate_up,cross")
 
+    ap.add_argument("--gaps", action="store_true",
+                    help="profile one forward per record: span, kernel time and idle gaps")
+    ap.add_argument("--fold", default="default",
+                    help="cross-value fold variants to time: default, on, off (comma-separated)")
     ap.add_argument("--skip-parity", action="store_true")
     ap.add_argument("--fused-only", action="store_true", help="skip diffusers' blocks")
     args = ap.parse_args()
@@ -350,20 +408,26 @@ def main() -> None:
     if not args.skip_parity:
         # parity: fused against diffusers' blocks, padded rows included
         parity = []
-        for rows, frames, padded in ((2, args.frames, False), (3, 500, True)):
-            inputs = make_inputs(rows, frames, 64, adapter, padded=padded, seed=1)
-            with torch.no_grad():
-                adapter.fused = True
-                fused = adapter(*inputs)
-                adapter.fused = False
-                ref = adapter(*inputs)
-                adapter.fused = None
-            err = ((fused - ref).norm() / ref.norm()).item()
-            parity.append({"rows": rows, "frames": frames, "padded": padded, "rel_err": err,
-                           "finite": bool(torch.isfinite(fused).all())})  # fmt: skip
-            print(
-                f"parity rows={rows} frames={frames} padded={padded}: rel err {err:.2e}", flush=True
-            )
+        folds = [None] + [f == "on" for f in args.fold.split(",") if f != "default"]
+        for fold in dict.fromkeys(folds):
+            for rows, frames, padded in ((2, args.frames, False), (3, 500, True)):
+                inputs = make_inputs(rows, frames, 64, adapter, padded=padded, seed=1)
+                with torch.no_grad():
+                    adapter.fused = True
+                    fused_model = adapter.prepare()
+                    before = fused_model.fold_cross_values
+                    if fold is not None:
+                        fused_model.fold_cross_values = fold
+                    fused = adapter(*inputs)
+                    fused_model.fold_cross_values = before
+                    adapter.fused = False
+                    ref = adapter(*inputs)
+                    adapter.fused = None
+                err = ((fused - ref).norm() / ref.norm()).item()
+                parity.append({"rows": rows, "frames": frames, "padded": padded, "fold": fold,
+                               "rel_err": err, "finite": bool(torch.isfinite(fused).all())})  # fmt: skip
+                print(f"parity rows={rows} frames={frames} padded={padded} fold={fold}: "
+                      f"rel err {err:.2e}", flush=True)  # fmt: skip
         result["parity"] = parity
         # against float32 (same seeded weights, no tf32): both bf16 paths' own error
         exact_model = build_denoiser("ace-step", "published", device="cuda", dtype=torch.float32)
@@ -389,27 +453,48 @@ def main() -> None:
     for rows in [int(r) for r in args.rows.split(",")]:
         inputs = make_inputs(rows, args.frames, 64, adapter)
         flops = linear_flops(adapter, *inputs)
-        for mode in args.modes.split(","):
-            for fused in (True,) if args.fused_only else (True, False):
-                adapter.fused = fused
-                engine = TorchEngine(adapter, max_batch=rows, max_frames=args.frames,
-                                     max_cond_len=64, mode=mode)  # fmt: skip
+        variants = [(mode, fused, fold) for mode in args.modes.split(",")
+                    for fused in ((True,) if args.fused_only else (True, False))
+                    for fold in (args.fold.split(",") if fused else ["default"])]  # fmt: skip
+        for mode, fused, fold in variants:
+            adapter.fused = fused
+            fused_model = adapter.prepare() if fused else None
+            if fused_model is not None:
+                fold_default = getattr(fused_model, "_fold_default", fused_model.fold_cross_values)
+                fused_model._fold_default = fold_default
+                fused_model.fold_cross_values = fold_default if fold == "default" else fold == "on"
+            engine = TorchEngine(adapter, max_batch=rows, max_frames=args.frames,
+                                 max_cond_len=64, mode=mode)  # fmt: skip
+            with torch.no_grad():
+                ms, wall = timed(lambda e=engine, i=inputs: e.forward(*i[:4]))
+            rec = {"rows": rows, "frames": args.frames, "mode": mode, "fused": fused,
+                   "fold": fold if fused_model is None else fused_model.fold_cross_values,
+                   "gpu_ms": ms, "wall_ms": wall, "linear_tflop": flops / 1e12,
+                   "tflops": flops / ms / 1e9, "of_gemm_rate": flops / ms / 1e9 / rate}  # fmt: skip
+            print(f"rows={rows} {mode:7s} fused={fused!s:5s} fold={rec['fold']!s:5s} {ms:8.2f} ms "
+                  f"(wall {wall:8.2f}) "
+                  f"{rec['tflops']:.0f} TFLOP/s {100 * rec['of_gemm_rate']:.0f}%", flush=True)  # fmt: skip
+            if args.profile and fused:
+                prof = profile_forward(engine, rows, args.frames, 64, top=15)
+                rec["profile"] = prof
+                print("   " + format_profile(prof), flush=True)
+                for e in prof["top"]:
+                    print(f"     {e['ms']:8.3f} {e['category']:10s} {e['name'][:90]}")
+            if args.gaps:
                 with torch.no_grad():
-                    ms, wall = timed(lambda e=engine, i=inputs: e.forward(*i[:4]))
-                rec = {"rows": rows, "frames": args.frames, "mode": mode, "fused": fused,
-                       "gpu_ms": ms, "wall_ms": wall, "linear_tflop": flops / 1e12,
-                       "tflops": flops / ms / 1e9, "of_gemm_rate": flops / ms / 1e9 / rate}  # fmt: skip
-                print(f"rows={rows} {mode:7s} fused={fused!s:5s} {ms:8.2f} ms (wall {wall:8.2f}) "
-                      f"{rec['tflops']:.0f} TFLOP/s {100 * rec['of_gemm_rate']:.0f}%", flush=True)  # fmt: skip
-                if args.profile and fused:
-                    prof = profile_forward(engine, rows, args.frames, 64, top=15)
-                    rec["profile"] = prof
-                    print("   " + format_profile(prof), flush=True)
-                    for e in prof["top"]:
-                        print(f"     {e['ms']:8.3f} {e['category']:10s} {e['name'][:90]}")
-                records.append(rec)
-                del engine
-                torch.cuda.empty_cache()
+                    rec["gaps"] = kernel_gaps(lambda e=engine, i=inputs: e.forward(*i[:4]))
+                g = rec["gaps"]
+                print(f"   {g['kernels']} kernels, sum {g['kernel_sum_ms']:.2f} ms, span "
+                      f"{g['span_ms']:.2f} ms, idle {g['idle_ms']:.2f} ms, median gap "
+                      f"{g['median_gap_us']:.1f} us, over 1/2/5/10/50 us: {g['gaps_over_us']}",
+                      flush=True)  # fmt: skip
+                for k, v in list(g["idle_by_next_kernel_ms"].items())[:8]:
+                    print(f"     idle before {k}: {v:.3f} ms")
+                for t in g["top_gaps"][:5]:
+                    print(f"     gap {t['us']:.0f} us: {t['after'][:40]} -> {t['before'][:40]}")
+            records.append(rec)
+            del engine
+            torch.cuda.empty_cache()
         adapter.fused = None
     result["records"] = records
     result["first_call"] = [first_call(args.frames, 8, m) for m in args.first_call.split(",") if m]

@@ -156,15 +156,16 @@ def _fused_inputs(seed: int, rows: int = 4, frames: int = 23, length: int = 6):
 
 
 @pytest.mark.parametrize(
-    ("with_masks", "fold"),
-    [(True, False), (False, False), (True, True)],
-    ids=["padded", "full", "padded-folded"],
+    ("with_masks", "fold", "out_bias"),
+    [(True, False, False), (False, False, False), (True, True, False), (True, True, True)],
+    ids=["padded", "full", "padded-folded", "padded-folded-bias"],
 )
-def test_fused_blocks_match_diffusers_blocks(seed, with_masks, fold, monkeypatch):
+def test_fused_blocks_match_diffusers_blocks(seed, with_masks, fold, out_bias, monkeypatch):
     """The fused path (stacked projections, fused norms, rotary, SwiGLU and the banded attention
     kernel, run here in Triton's interpreter) against diffusers' blocks on the same inputs; on
     the real rows of a padded batch too. ``fold``: the cross-attention as weights times values
-    through the output projection, which the published size takes from 256 latent tokens."""
+    through the output projection, which the published size takes from 256 latent tokens (the
+    residual added in place, or, with ``out_bias``, the bias added in the product)."""
     from stream_dit.model import ace_step_fused
 
     calls = []
@@ -173,6 +174,11 @@ def test_fused_blocks_match_diffusers_blocks(seed, with_masks, fold, monkeypatch
     )
     monkeypatch.setenv(ace_step_fused.FOLD_ENV_VAR, "1" if fold else "0")
     fused = build_ace_step("tiny", seed=seed % 1000, fused=True)
+    if out_bias:
+        gen = torch.Generator().manual_seed(seed)
+        for layer in fused.transformer.layers:
+            proj = layer.cross_attn.to_out[0]
+            proj.bias = torch.nn.Parameter(0.5 * torch.randn(proj.out_features, generator=gen))
     x, t, states, states_mask, frame_mask, context = _fused_inputs(seed)
     if not with_masks:
         frame_mask, context = None, None

@@ -23,12 +23,13 @@ Per block, against diffusers' forward:
   that reads queries, keys and values in place from the fused projections, takes padding as a
   ``(B, N)`` key mask and skips the key blocks outside the sliding window: no dense
   ``(B, 1, N, N)`` mask is built, and a padded batch runs as fast as a full one;
-* optionally (:attr:`FusedAceStep.fold_cross_values`), the cross-attention of long rows writes
-  its softmax weights over the few conditioning tokens
-  (:func:`~stream_dit.ops.attention_weights`) and multiplies them by the values already taken
-  through each head's slice of the output projection (:func:`~stream_dit.ops.head_values`):
-  with 64 tokens and heads of 128 the output projection does half the multiply-adds
-  (:func:`folds_cross_values`).
+* the cross-attention of long rows (:attr:`FusedAceStep.fold_cross_values`) writes its softmax
+  weights over the few conditioning tokens (:func:`~stream_dit.ops.attention_weights`) and
+  multiplies them by the values already taken through each head's slice of the output
+  projection (:func:`~stream_dit.ops.head_values`): with 64 tokens and heads of 128 the output
+  projection does half the multiply-adds (:func:`folds_cross_values`), and without a bias the
+  residual joins that product in place (``hidden += weights @ values``, one pass over the
+  tokens fewer than writing the attention's output and adding it in the norm).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ..ops.head_values import head_values
 from ..ops.qk_norm_rotary import qk_norm_rotary_, rotary_tables
 from ..ops.swiglu import swiglu
 
-#: ``1`` turns :attr:`FusedAceStep.fold_cross_values` on.
+#: ``0`` turns :attr:`FusedAceStep.fold_cross_values` off (on by default).
 FOLD_ENV_VAR = "STREAM_DIT_FOLD_CROSS_VALUES"
 
 
@@ -102,9 +103,8 @@ class FusedAceStep:
         self._pointers = self._weight_pointers()
         self._rotary: dict = {}
         #: Run long rows' cross-attention as weights times values through the output projection
-        #: (:func:`folds_cross_values`). Off unless ``STREAM_DIT_FOLD_CROSS_VALUES=1`` until it is
-        #: timed against the direct path on a GPU.
-        self.fold_cross_values = os.environ.get(FOLD_ENV_VAR, "0").strip() == "1"
+        #: (:func:`folds_cross_values`); ``STREAM_DIT_FOLD_CROSS_VALUES=0`` turns it off.
+        self.fold_cross_values = os.environ.get(FOLD_ENV_VAR, "1").strip() != "0"
 
     def _weight_pointers(self) -> tuple[int, ...]:
         return tuple(lin.weight.data_ptr() for _, group in self._stacks for lin in group)
@@ -197,19 +197,20 @@ class FusedAceStep:
             ck, cv = _heads(cross_kv[:, :, i], (kv_heads, kv_heads), d)
             out_proj = ca.to_out[0]
             norms = dict(q_weight=ca.norm_q.weight, k_weight=ca.norm_k.weight, eps=ca.norm_q.eps)
+            mlp_norm = dict(scale=mods[:, i, 4], shift=mods[:, i, 3], eps=layer.mlp_norm.eps)
             if self.fold_cross_values and folds_cross_values(n, ck.shape[1], d):
                 weights = attention_weights(cq, ck, encoder_mask, scale=ca.scaling, **norms)
                 values = head_values(cv, out_proj.weight, heads=heads)
-                if out_proj.bias is None:
-                    attn = torch.bmm(weights.flatten(2), values)
+                if out_proj.bias is None:  # hidden is this block's own tensor: add in place
+                    hidden = hidden.baddbmm_(weights.flatten(2), values)
+                    normed = rms_norm_modulate(hidden, layer.mlp_norm.weight, **mlp_norm)
                 else:
                     attn = torch.baddbmm(out_proj.bias, weights.flatten(2), values)
+                    hidden, normed = adaln_rms_norm(hidden, layer.mlp_norm.weight, attn, **mlp_norm)
             else:
                 attn = attention(cq, ck, cv, encoder_mask, scale=ca.scaling, **norms)
                 attn = out_proj(attn.flatten(2))
-            hidden, normed = adaln_rms_norm(hidden, layer.mlp_norm.weight, attn,
-                                            scale=mods[:, i, 4], shift=mods[:, i, 3],
-                                            eps=layer.mlp_norm.eps)  # fmt: skip
+                hidden, normed = adaln_rms_norm(hidden, layer.mlp_norm.weight, attn, **mlp_norm)
 
             ff = layer.mlp.down_proj(swiglu(F.linear(normed, w.gate_up)))
             if i + 1 < len(layers):
