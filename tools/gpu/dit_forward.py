@@ -380,6 +380,8 @@ def main() -> None:
                     help="profile one forward per record: span, kernel time and idle gaps")
     ap.add_argument("--fold", default="default",
                     help="cross-value fold variants to time: default, on, off (comma-separated)")
+    ap.add_argument("--fp8", default="off",
+                    help="FP8 projection variants to time: off, on (comma-separated)")
     ap.add_argument("--skip-parity", action="store_true")
     ap.add_argument("--fused-only", action="store_true", help="skip diffusers' blocks")
     args = ap.parse_args()
@@ -409,7 +411,10 @@ def main() -> None:
         # parity: fused against diffusers' blocks, padded rows included
         parity = []
         folds = [None] + [f == "on" for f in args.fold.split(",") if f != "default"]
-        for fold in dict.fromkeys(folds):
+        variants = [(fold, False) for fold in dict.fromkeys(folds)]
+        if "on" in args.fp8.split(","):
+            variants.append((None, True))
+        for fold, fp8 in variants:
             for rows, frames, padded in ((2, args.frames, False), (3, 500, True)):
                 inputs = make_inputs(rows, frames, 64, adapter, padded=padded, seed=1)
                 with torch.no_grad():
@@ -418,15 +423,18 @@ def main() -> None:
                     before = fused_model.fold_cross_values
                     if fold is not None:
                         fused_model.fold_cross_values = fold
+                    fused_model.fp8 = fp8
                     fused = adapter(*inputs)
                     fused_model.fold_cross_values = before
+                    fused_model.fp8 = False
                     adapter.fused = False
                     ref = adapter(*inputs)
                     adapter.fused = None
                 err = ((fused - ref).norm() / ref.norm()).item()
                 parity.append({"rows": rows, "frames": frames, "padded": padded, "fold": fold,
-                               "rel_err": err, "finite": bool(torch.isfinite(fused).all())})  # fmt: skip
-                print(f"parity rows={rows} frames={frames} padded={padded} fold={fold}: "
+                               "fp8": fp8, "rel_err": err,
+                               "finite": bool(torch.isfinite(fused).all())})  # fmt: skip
+                print(f"parity rows={rows} frames={frames} padded={padded} fold={fold} fp8={fp8}: "
                       f"rel err {err:.2e}", flush=True)  # fmt: skip
         result["parity"] = parity
         # against float32 (same seeded weights, no tf32): both bf16 paths' own error
@@ -438,6 +446,9 @@ def main() -> None:
             exact = exact_model(*inputs)
             adapter.fused = True
             fused = adapter(*inputs)
+            adapter.prepare().fp8 = True
+            fused_fp8 = adapter(*inputs)
+            adapter.prepare().fp8 = False
             adapter.fused = False
             ref = adapter(*inputs)
             adapter.fused = None
@@ -445,7 +456,9 @@ def main() -> None:
         torch.cuda.empty_cache()
         result["error_vs_fp32"] = {
             "fused_bf16": ((fused - exact).norm() / exact.norm()).item(),
+            "fused_fp8": ((fused_fp8 - exact).norm() / exact.norm()).item(),
             "diffusers_bf16": ((ref - exact).norm() / exact.norm()).item(),
+            "fp8_vs_fused_bf16": ((fused_fp8 - fused).norm() / fused.norm()).item(),
         }
         print("relative error against float32:", result["error_vs_fp32"], flush=True)
 
@@ -453,25 +466,29 @@ def main() -> None:
     for rows in [int(r) for r in args.rows.split(",")]:
         inputs = make_inputs(rows, args.frames, 64, adapter)
         flops = linear_flops(adapter, *inputs)
-        variants = [(mode, fused, fold) for mode in args.modes.split(",")
+        variants = [(mode, fused, fold, fp8) for mode in args.modes.split(",")
                     for fused in ((True,) if args.fused_only else (True, False))
-                    for fold in (args.fold.split(",") if fused else ["default"])]  # fmt: skip
-        for mode, fused, fold in variants:
+                    for fold in (args.fold.split(",") if fused else ["default"])
+                    for fp8 in (args.fp8.split(",") if fused else ["off"])]  # fmt: skip
+        for mode, fused, fold, fp8 in variants:
             adapter.fused = fused
             fused_model = adapter.prepare() if fused else None
             if fused_model is not None:
                 fold_default = getattr(fused_model, "_fold_default", fused_model.fold_cross_values)
                 fused_model._fold_default = fold_default
                 fused_model.fold_cross_values = fold_default if fold == "default" else fold == "on"
+                fused_model.fp8 = fp8 == "on"
             engine = TorchEngine(adapter, max_batch=rows, max_frames=args.frames,
                                  max_cond_len=64, mode=mode)  # fmt: skip
             with torch.no_grad():
                 ms, wall = timed(lambda e=engine, i=inputs: e.forward(*i[:4]))
             rec = {"rows": rows, "frames": args.frames, "mode": mode, "fused": fused,
                    "fold": fold if fused_model is None else fused_model.fold_cross_values,
+                   "fp8": fp8 == "on",
                    "gpu_ms": ms, "wall_ms": wall, "linear_tflop": flops / 1e12,
                    "tflops": flops / ms / 1e9, "of_gemm_rate": flops / ms / 1e9 / rate}  # fmt: skip
-            print(f"rows={rows} {mode:7s} fused={fused!s:5s} fold={rec['fold']!s:5s} {ms:8.2f} ms "
+            print(f"rows={rows} {mode:7s} fused={fused!s:5s} fold={rec['fold']!s:5s} fp8={fp8:3s} "
+                  f"{ms:8.2f} ms "
                   f"(wall {wall:8.2f}) "
                   f"{rec['tflops']:.0f} TFLOP/s {100 * rec['of_gemm_rate']:.0f}%", flush=True)  # fmt: skip
             if args.profile and fused:

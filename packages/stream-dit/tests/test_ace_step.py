@@ -191,6 +191,47 @@ def test_fused_blocks_match_diffusers_blocks(seed, with_masks, fold, out_bias, m
     assert bool(calls) == fold  # the route is asked only when the fold is switched on
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["direct", "folded"])
+def test_fp8_blocks_track_diffusers_blocks(seed, fold, monkeypatch):
+    """With ``FusedAceStep.fp8`` the QKV, cross-query, gate/up and down projections read float8
+    rows that the norms and the SwiGLU gate wrote (their reference GEMM here: no FP8 GEMM on a
+    CPU): the output follows diffusers' blocks to the precision of e4m3 operands, and every one
+    of those projections took the FP8 route."""
+    from stream_dit.model import ace_step_fused
+
+    calls = []
+    real_linear = ace_step_fused.fp8_linear
+    monkeypatch.setattr(
+        ace_step_fused, "fp8_linear", lambda *a, **k: calls.append(a[0].shape) or real_linear(*a, **k)
+    )
+    monkeypatch.setattr(ace_step_fused, "folds_cross_values", lambda *sizes: fold)
+    monkeypatch.setenv(ace_step_fused.FP8_ENV_VAR, "1")
+    fused = build_ace_step("tiny", seed=seed % 1000, fused=True)
+    x, t, states, states_mask, frame_mask, context = _fused_inputs(seed)
+    with torch.no_grad():
+        got = fused(x, t, states, states_mask, frame_mask, context)
+        fused.fused = False
+        want = fused(x, t, states, states_mask, frame_mask, context)
+    got, want = _real(got, frame_mask), _real(want, frame_mask)
+    err = ((got - want).norm() / want.norm()).item()
+    # e4m3 rounds each operand to within 2^-4 of itself; through the residual stream the tiny
+    # model's output moves by 0.55-0.92 % (eight seeds), a stale quantized weight by 11-15 %
+    assert err < 0.03, err
+    assert torch.isfinite(got).all()
+    layers = len(fused.transformer.layers)
+    assert len(calls) == 4 * layers  # QKV, cross q, gate/up and down of every block
+    # an in-place load of new weights reaches the quantized copies
+    fused.fused = True
+    layer = fused.transformer.layers[0]
+    with torch.no_grad():
+        layer.mlp.down_proj.weight.mul_(-3.0)
+        again = fused(x, t, states, states_mask, frame_mask, context)
+        fused.fused = False
+        want_again = fused(x, t, states, states_mask, frame_mask, context)
+    again, want_again = _real(again, frame_mask), _real(want_again, frame_mask)
+    assert ((again - want_again).norm() / want_again.norm()).item() < 0.03
+
+
 def _real(out: torch.Tensor, frame_mask: torch.Tensor | None) -> torch.Tensor:
     """The frames of ``out`` a request owns (padded frames' outputs are discarded: the reference
     blocks give them an average over masked keys, the fused attention zeros)."""
@@ -280,6 +321,27 @@ def test_published_size_bf16_session_matches_diffusers_on_gpu(cfg):
         _reference,
         lambda cond_dim: _gpu_requests(8, cond_dim, cfg=cfg),
     )
+
+
+@pytest.mark.gpu
+def test_fp8_session_tracks_bf16_on_gpu(monkeypatch):
+    """The published size with FP8 projections (``STREAM_DIT_FP8=1``) serves the same requests
+    as bf16 to within the error of e4m3 operands, in the default engine (CUDA graphs)."""
+    from stream_dit.model import ace_step_fused
+
+    out = {}
+    for fp8 in ("0", "1"):
+        monkeypatch.setenv(ace_step_fused.FP8_ENV_VAR, fp8)
+        model = build_ace_step("published", seed=0, device="cuda", dtype=torch.bfloat16)
+        engine = TorchEngine(model, max_batch=8, max_frames=256, max_cond_len=64)
+        session = StreamSession(model, engine, depth=4)
+        handles = [session.submit(r) for r in _gpu_requests(6, model.cond_dim, cfg=False)]
+        session.run_until_idle()
+        out[fp8] = [h.result for h in handles]
+        assert model.prepare().fp8 == (fp8 == "1")
+    for got, want in zip(out["1"], out["0"], strict=True):
+        assert torch.isfinite(got).all()
+        assert relative_distance(got, want) < 0.1, relative_distance(got, want)
 
 
 @pytest.mark.gpu

@@ -274,7 +274,7 @@ def test_gpu_launches_compile_for_sm90(rng):
     from stream_dit.ops.attention_weights.kernels import attention_weights_plan
     from stream_dit.ops.head_values.kernels import head_values_plan
     from stream_dit.ops.qk_norm_rotary.kernels import qk_norm_rotary_plan
-    from stream_dit.ops.swiglu.kernels import swiglu_plan
+    from stream_dit.ops.swiglu.kernels import swiglu_fp8_plan, swiglu_plan
 
     bf = torch.bfloat16
     x = torch.randn(2, 6, 2048).to(bf)
@@ -291,14 +291,16 @@ def test_gpu_launches_compile_for_sm90(rng):
              dict(eps=1e-6)),
             (dict(x=x, weight=w, scale=None, shift=None), dict(eps=1e-6)),
         ):  # fmt: skip
-            adaln_rms_norm_plan(Call(tensors, settings, x.device, "triton")).forward(
-                *tensors.values()
-            )
+            for fp8 in (False, True):  # normed rows in bf16, or as e4m3 with their scales
+                adaln_rms_norm_plan(Call(tensors, settings, x.device, "triton"), fp8=fp8).forward(
+                    *tensors.values()
+                )
         t = dict(x=qkv, weight_q=hw, weight_k=hw, cos=cos, sin=sin)
         s = dict(q_heads=16, k_heads=8, eps=1e-6)
         qk_norm_rotary_plan(Call(t, s, x.device, "triton")).forward(*t.values())
         t = dict(gate_up=torch.randn(2, 6, 2 * 6144).to(bf))
         swiglu_plan(Call(t, {}, x.device, "triton")).forward(*t.values())
+        swiglu_fp8_plan(Call(t, {}, x.device, "triton")).forward(*t.values())
         # a window narrower than the 200 tokens (the flash kernel), then few keys with the norms
         long = torch.randn(1, 200, 4096).to(bf)
         lq, lk, lv = (p.unflatten(-1, (-1, 128)) for p in long.split([2048, 1024, 1024], -1))
@@ -318,6 +320,7 @@ def test_gpu_launches_compile_for_sm90(rng):
         head_values_plan(Call(t, dict(heads=16), x.device, "triton")).forward(*t.values())
     names = sorted({name for _, name, _ in calls})
     assert names == ["_adaln_rms_norm_kernel", "_attention_kernel", "_few_keys_attention_kernel",
-                     "_head_values_kernel", "_qk_norm_rotary_kernel", "_swiglu_kernel"]  # fmt: skip
+                     "_head_values_kernel", "_qk_norm_rotary_kernel", "_swiglu_fp8_kernel",
+                     "_swiglu_kernel"]  # fmt: skip
     assert len({(name, str(meta)) for _, name, meta in calls}) > len(names)
     assert compile_recorded(calls) == []

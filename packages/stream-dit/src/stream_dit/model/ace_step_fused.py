@@ -41,15 +41,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.adaln_norm import adaln_rms_norm, rms_norm_modulate
+from ..ops.adaln_norm import (
+    adaln_rms_norm,
+    adaln_rms_norm_fp8,
+    rms_norm_modulate,
+    rms_norm_modulate_fp8,
+)
 from ..ops.attention import attention
 from ..ops.attention_weights import attention_weights
+from ..ops.fp8_linear import fp8_linear, quantize_rows
 from ..ops.head_values import head_values
 from ..ops.qk_norm_rotary import qk_norm_rotary_, rotary_tables
-from ..ops.swiglu import swiglu
+from ..ops.swiglu import swiglu, swiglu_fp8
 
 #: ``0`` turns :attr:`FusedAceStep.fold_cross_values` off (on by default).
 FOLD_ENV_VAR = "STREAM_DIT_FOLD_CROSS_VALUES"
+#: ``1`` turns :attr:`FusedAceStep.fp8` on (off by default).
+FP8_ENV_VAR = "STREAM_DIT_FP8"
 
 
 @dataclass
@@ -105,6 +113,12 @@ class FusedAceStep:
         #: Run long rows' cross-attention as weights times values through the output projection
         #: (:func:`folds_cross_values`); ``STREAM_DIT_FOLD_CROSS_VALUES=0`` turns it off.
         self.fold_cross_values = os.environ.get(FOLD_ENV_VAR, "1").strip() != "0"
+        #: Run the projections that read a normed or gated row (QKV, cross-attention queries,
+        #: gate/up, down) as float8 e4m3 GEMMs with a scale per token and per output channel:
+        #: the norms and the SwiGLU gate write their rows quantized, the weights are quantized
+        #: once. On CUDA it takes bfloat16 models; ``STREAM_DIT_FP8=1`` turns it on.
+        self.fp8 = os.environ.get(FP8_ENV_VAR, "0").strip() == "1"
+        self._fp8_weights: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
 
     def _weight_pointers(self) -> tuple[int, ...]:
         return tuple(lin.weight.data_ptr() for _, group in self._stacks for lin in group)
@@ -112,6 +126,25 @@ class FusedAceStep:
     def stale(self) -> bool:
         """Whether the model's weights are no longer the views this build made."""
         return self._weight_pointers() != self._pointers
+
+    def fp8_weight(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``weight`` ``(N, K)`` as float8 e4m3 rows and their scales ``(N,)``, quantized once and
+        again, into the same tensors, after an in-place change of the weight (a captured CUDA
+        graph keeps reading them)."""
+        key = weight.data_ptr()
+        entry = self._fp8_weights.get(key)
+        version = weight._version
+        if entry is None:
+            q, scale = quantize_rows(weight.detach())
+            self._fp8_weights[key] = (version, q, scale)
+            return q, scale
+        seen, q, scale = entry
+        if seen != version:
+            new_q, new_scale = quantize_rows(weight.detach())
+            q.copy_(new_q)
+            scale.copy_(new_scale)
+            self._fp8_weights[key] = (version, q, scale)
+        return q, scale
 
     def rotary(self, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """float32 ``(cos, sin)`` tables for ``n`` tokens, kept per length."""
@@ -171,29 +204,44 @@ class FusedAceStep:
         # (B, L, blocks, 2·Hkv·d): each block's keys then values of the conditioning tokens
         cross_kv = F.linear(encoder, self.cross_kv, self.cross_kv_bias)
         cross_kv = cross_kv.unflatten(-1, (len(layers), -1))
-        normed = rms_norm_modulate(
-            hidden, layers[0].self_attn_norm.weight, scale=mods[:, 0, 1], shift=mods[:, 0, 0],
-            eps=layers[0].self_attn_norm.eps,
-        )  # fmt: skip
+        # torch.compile traces the bfloat16 path (the quantized weights are kept by identity)
+        fp8 = (
+            self.fp8
+            and (hidden.dtype == torch.bfloat16 or not hidden.is_cuda)
+            and not torch.compiler.is_compiling()
+        )
+
+        def norm(x, weight, delta=None, *, to_fp8=fp8, **kw):
+            """``(residual, normed)``; ``normed`` a ``(q, scale)`` pair on the FP8 path."""
+            if delta is None:
+                return x, (rms_norm_modulate_fp8 if to_fp8 else rms_norm_modulate)(x, weight, **kw)
+            if not to_fp8:
+                return adaln_rms_norm(x, weight, delta, **kw)
+            residual, q, scale = adaln_rms_norm_fp8(x, weight, delta, **kw)
+            return residual, (q, scale)
+
+        def linear(normed, weight, bias=None):
+            if not isinstance(normed, tuple):
+                return F.linear(normed, weight, bias)
+            weight_q, weight_scale = self.fp8_weight(weight)
+            return fp8_linear(*normed, weight_q, weight_scale, bias, out_dtype=hidden.dtype)
+
+        first_norm = layers[0].self_attn_norm
+        _, normed = norm(hidden, first_norm.weight, scale=mods[:, 0, 1], shift=mods[:, 0, 0],
+                         eps=first_norm.eps)  # fmt: skip
         for i, (layer, w) in enumerate(zip(layers, self.blocks_weights)):
             sa, ca = layer.self_attn, layer.cross_attn
-            qkv = F.linear(normed, w.qkv, w.qkv_bias)
+            qkv = linear(normed, w.qkv, w.qkv_bias)
             qk_norm_rotary_(qkv, sa.norm_q.weight, sa.norm_k.weight, cos, sin, q_heads=heads,
                             k_heads=kv_heads, eps=sa.norm_q.eps)  # fmt: skip
             q, k, v = _heads(qkv, (heads, kv_heads, kv_heads), d)
             window = -1 if sa.sliding_window is None else int(sa.sliding_window)
             attn = attention(q, k, v, key_mask, scale=sa.scaling, window=window)
             attn = sa.to_out[0](attn.flatten(2))
-            hidden, normed = adaln_rms_norm(
-                hidden,
-                layer.cross_attn_norm.weight,
-                attn,
-                gate=mods[:, i, 2],
-                eps=layer.cross_attn_norm.eps,
-            )
+            hidden, normed = norm(hidden, layer.cross_attn_norm.weight, attn, gate=mods[:, i, 2],
+                                  eps=layer.cross_attn_norm.eps)  # fmt: skip
 
-            cq = F.linear(normed, ca.to_q.weight, ca.to_q.bias)
-            (cq,) = _heads(cq, (heads,), d)
+            (cq,) = _heads(linear(normed, ca.to_q.weight, ca.to_q.bias), (heads,), d)
             ck, cv = _heads(cross_kv[:, :, i], (kv_heads, kv_heads), d)
             out_proj = ca.to_out[0]
             norms = dict(q_weight=ca.norm_q.weight, k_weight=ca.norm_k.weight, eps=ca.norm_q.eps)
@@ -203,23 +251,29 @@ class FusedAceStep:
                 values = head_values(cv, out_proj.weight, heads=heads)
                 if out_proj.bias is None:  # hidden is this block's own tensor: add in place
                     hidden = hidden.baddbmm_(weights.flatten(2), values)
-                    normed = rms_norm_modulate(hidden, layer.mlp_norm.weight, **mlp_norm)
+                    _, normed = norm(hidden, layer.mlp_norm.weight, **mlp_norm)
                 else:
                     attn = torch.baddbmm(out_proj.bias, weights.flatten(2), values)
-                    hidden, normed = adaln_rms_norm(hidden, layer.mlp_norm.weight, attn, **mlp_norm)
+                    hidden, normed = norm(hidden, layer.mlp_norm.weight, attn, **mlp_norm)
             else:
                 attn = attention(cq, ck, cv, encoder_mask, scale=ca.scaling, **norms)
                 attn = out_proj(attn.flatten(2))
-                hidden, normed = adaln_rms_norm(hidden, layer.mlp_norm.weight, attn, **mlp_norm)
+                hidden, normed = norm(hidden, layer.mlp_norm.weight, attn, **mlp_norm)
 
-            ff = layer.mlp.down_proj(swiglu(F.linear(normed, w.gate_up)))
-            if i + 1 < len(layers):
+            down = layer.mlp.down_proj
+            gate_up = linear(normed, w.gate_up)
+            if fp8:
+                ff = linear(swiglu_fp8(gate_up), down.weight, down.bias)
+            else:
+                ff = down(swiglu(gate_up))
+            last = i + 1 == len(layers)
+            if not last:
                 nxt = layers[i + 1].self_attn_norm
                 scale, shift = mods[:, i + 1, 1], mods[:, i + 1, 0]
-            else:
+            else:  # the output norm feeds the unpatchify product: full precision
                 nxt, scale, shift = m.norm_out, out_scale, out_shift
-            hidden, normed = adaln_rms_norm(hidden, nxt.weight, ff, gate=mods[:, i, 5],
-                                            scale=scale, shift=shift, eps=nxt.eps)  # fmt: skip
+            hidden, normed = norm(hidden, nxt.weight, ff, gate=mods[:, i, 5], scale=scale,
+                                  shift=shift, eps=nxt.eps, to_fp8=fp8 and not last)  # fmt: skip
         return normed
 
 

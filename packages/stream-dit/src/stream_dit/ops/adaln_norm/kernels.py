@@ -1,11 +1,13 @@
 """Triton kernel of the gated residual add + RMS norm + AdaLN modulation: each program owns whole
 rows, so the mean square is a register reduction and every element is read once and written
-once (the residual and the normed row)."""
+once (the residual and the normed row). The normed row can leave as float8 e4m3 with its own
+scale (whole rows give its amax for free), ready for an FP8 GEMM."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import torch
 import triton
 import triton.language as tl
 
@@ -13,13 +15,15 @@ from triton_dispatch import next_power_of_2
 from triton_dispatch.declaration import Call
 from triton_dispatch.launch import KernelLaunch
 
+from ..fp8_linear.kernels import quantize_row_block
+
 
 @triton.jit
 def _adaln_rms_norm_kernel(
-    x_ptr, delta_ptr, gate_ptr, w_ptr, scale_ptr, shift_ptr, res_ptr, out_ptr,
+    x_ptr, delta_ptr, gate_ptr, w_ptr, scale_ptr, shift_ptr, res_ptr, out_ptr, out_scale_ptr,
     n_rows, tokens, width, gate_stride, scale_stride, shift_stride, eps,
     HAS_DELTA: tl.constexpr, HAS_GATE: tl.constexpr, HAS_MOD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    OUT_FP8: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
@@ -55,16 +59,22 @@ def _adaln_rms_norm_kernel(
     y = r * inv[:, None] * w.to(tl.float32)[None, :]
     if HAS_MOD:
         y = y * (1.0 + sc.to(tl.float32)) + sh.to(tl.float32)
-    tl.store(out_ptr + offs, y.to(x.dtype), mask=mask)
+    if OUT_FP8:
+        q, row_scale = quantize_row_block(y, row_ok)
+        tl.store(out_ptr + offs, q, mask=mask)
+        tl.store(out_scale_ptr + rows, row_scale, mask=row_ok)
+    else:
+        tl.store(out_ptr + offs, y.to(x.dtype), mask=mask)
 
 
 def _row_stride(t) -> int:
     return 0 if t is None else t.stride(0)
 
 
-def adaln_rms_norm_plan(call: Call) -> SimpleNamespace:
+def adaln_rms_norm_plan(call: Call, *, fp8: bool = False) -> SimpleNamespace:
     """The launch of a validated call, bound once per kind of call: whole rows per program, as
-    many rows as fill about 4096 elements (one on the interpreter's few-program budget is 16)."""
+    many rows as fill about 4096 elements (one on the interpreter's few-program budget is 16).
+    ``fp8``: the normed rows leave as ``torch.float8_e4m3fn`` with a float32 scale per row."""
     x, scale = call["x"], call["scale"]
     delta, gate = call.tensors.get("delta"), call.tensors.get("gate")
     b, n, width = x.shape
@@ -83,28 +93,35 @@ def adaln_rms_norm_plan(call: Call) -> SimpleNamespace:
             gate_stride=_row_stride(gate), scale_stride=_row_stride(scale),
             shift_stride=_row_stride(call["shift"]), eps=call["eps"],
             HAS_DELTA=delta is not None, HAS_GATE=gate is not None, HAS_MOD=scale is not None,
-            BLOCK_M=block_m, BLOCK_D=block_d,
+            OUT_FP8=fp8, BLOCK_M=block_m, BLOCK_D=block_d,
         ),
         device=call.device,
         options={"num_warps": warps},
     )  # fmt: skip
 
+    def normed_like(x):
+        if not fp8:
+            return x.new_empty(x.shape), x  # x stands in for the unused scales
+        normed = torch.empty(x.shape, device=x.device, dtype=torch.float8_e4m3fn)
+        return normed, torch.empty(x.shape[:2], device=x.device, dtype=torch.float32)
+
     def forward(x, weight, delta, gate, scale, shift):
         residual = x.new_empty(x.shape)
-        normed = x.new_empty(x.shape)
+        normed, scales = normed_like(x)
         # absent operands are never read (their constexpr flags are off): x stands in
         launch(
             x, delta, x if gate is None else gate, weight,
             x if scale is None else scale, x if shift is None else shift, residual, normed,
+            scales,
         )  # fmt: skip
-        return residual, normed
+        return (residual, normed, scales) if fp8 else (residual, normed)
 
     def norm_only(x, weight, scale, shift):
-        normed = x.new_empty(x.shape)
+        normed, scales = normed_like(x)
         launch(
             x, x, x, weight, x if scale is None else scale, x if shift is None else shift,
-            normed, normed,
+            normed, normed, scales,
         )  # fmt: skip
-        return normed
+        return (normed, scales) if fp8 else normed
 
     return SimpleNamespace(forward=forward if delta is not None else norm_only)

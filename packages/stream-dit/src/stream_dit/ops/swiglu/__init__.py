@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from .op import SWIGLU
-from .reference import swiglu_reference
+from .op import SWIGLU, SWIGLU_FP8
+from .reference import swiglu_fp8_reference, swiglu_reference
 
 
 def swiglu(gate_up: torch.Tensor, *, backend: str | None = None) -> torch.Tensor:
@@ -19,4 +19,13 @@ def swiglu(gate_up: torch.Tensor, *, backend: str | None = None) -> torch.Tensor
     return SWIGLU(gate_up, backend=backend)
 
 
-__all__ = ["swiglu", "swiglu_reference"]
+def swiglu_fp8(
+    gate_up: torch.Tensor, *, backend: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out_q, out_scale)``: :func:`swiglu`'s rows as ``torch.float8_e4m3fn`` ``(..., I)`` with a
+    float32 scale per row ``(...,)`` (``amax / 448``, rounded to nearest, ties to even), the
+    operand of :func:`~stream_dit.ops.fp8_linear.fp8_linear`. Same arguments and errors."""
+    return SWIGLU_FP8(gate_up, backend=backend)
+
+
+__all__ = ["swiglu", "swiglu_fp8", "swiglu_fp8_reference", "swiglu_reference"]
