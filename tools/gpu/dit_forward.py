@@ -463,6 +463,7 @@ def main() -> None:
         print("relative error against float32:", result["error_vs_fp32"], flush=True)
 
     records = []
+    fold_default = adapter.prepare().fold_cross_values  # the environment's choice
     for rows in [int(r) for r in args.rows.split(",")]:
         inputs = make_inputs(rows, args.frames, 64, adapter)
         flops = linear_flops(adapter, *inputs)
@@ -474,8 +475,6 @@ def main() -> None:
             adapter.fused = fused
             fused_model = adapter.prepare() if fused else None
             if fused_model is not None:
-                fold_default = getattr(fused_model, "_fold_default", fused_model.fold_cross_values)
-                fused_model._fold_default = fold_default
                 fused_model.fold_cross_values = fold_default if fold == "default" else fold == "on"
                 fused_model.fp8 = fp8 == "on"
             engine = TorchEngine(adapter, max_batch=rows, max_frames=args.frames,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from triton_dispatch import device_facts
+
 from .reference import (
     E4M3_MAX,
     dequantize_rows,
@@ -58,7 +60,7 @@ def _scaled_mm_fits(q: torch.Tensor, weight_q: torch.Tensor, out_dtype: torch.dt
     # row-wise scales: bfloat16 outputs only
     if out_dtype != torch.bfloat16 or not q.is_cuda:
         return False
-    if torch.cuda.get_device_capability(q.device) < (8, 9):
+    if device_facts(q.device).capability < (8, 9):  # cached: this runs before every GEMM
         return False
     n, k = weight_q.shape
     return k % _ALIGN == 0 and n % _ALIGN == 0 and q.is_contiguous() and weight_q.is_contiguous()
