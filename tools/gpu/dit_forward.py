@@ -28,7 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dit_gemm_sweeps import cross_sweep, gate_up_sweep  # noqa: E402
 
 
-def make_inputs(rows, frames, cond_len, adapter, *, padded=False, seed=0):
+def make_inputs(rows, frames, cond_len, adapter, *, padded=False, seed=0, guided=False):
+    """``guided``: the rows of a CFG tick, the second half the first half's null-conditioned
+    negatives (no tokens; same latents and times)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, frames, adapter.latent_channels, generator=gen).cuda()
     t = torch.rand(rows, generator=gen).cuda()
@@ -40,6 +42,10 @@ def make_inputs(rows, frames, cond_len, adapter, *, padded=False, seed=0):
         mask[-1] = False
         frame_mask = torch.ones(rows, frames, dtype=torch.bool, device="cuda")
         frame_mask[0, frames * 2 // 3 :] = False
+    if guided:
+        half = rows // 2
+        x[half:], t[half:] = x[:half], t[:half]
+        mask[half:] = False
     return x, t, states, mask, frame_mask
 
 
@@ -132,7 +138,7 @@ def kernel_gaps(fn, top: int = 12) -> dict:
 
 def attention_sweep() -> list:
     """The attention kernel's launch configs against cuDNN's SDPA on one block's shapes: the
-    self-attention (full and windowed) and the cross-attention to 64 conditioning tokens."""
+    self-attention (full, full with a key mask as a padded batch has, windowed)."""
     import math
 
     import torch.nn.functional as F
@@ -147,101 +153,48 @@ def attention_sweep() -> list:
     q, k, v = (
         p.unflatten(-1, (c, d)) for p, c in zip(qkv.split([h * d, hk * d, hk * d], -1), (h, hk, hk))
     )
-    kv = torch.randn(b, 64, 2 * hk * d, device="cuda", dtype=torch.bfloat16)
-    ck, cv = (p.unflatten(-1, (hk, d)) for p in kv.split(hk * d, -1))
-    cq = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
-    mask = torch.ones(b, 64, dtype=torch.bool, device="cuda")
-    qw = torch.ones(d, device="cuda", dtype=torch.bfloat16)
+    keys = torch.ones(b, n, dtype=torch.bool, device="cuda")
+    keys[0, n // 2 :] = False
     out = torch.empty(b, n, h, d, device="cuda", dtype=torch.bfloat16)
-    cases = (
-        ("full", q, k, v, -1, None, None),
-        ("window128", q, k, v, 128, None, None),
-        ("cross", cq, ck, cv, -1, mask, qw),
-    )
-    for label, qq, kk, vv, window, km, weight in cases:
-        idx = torch.arange(kk.shape[1], device="cuda")
+    for label, window, km in (("full", -1, None), ("full-masked", -1, keys),
+                              ("window128", 128, None), ("window128-masked", 128, keys)):  # fmt: skip
+        idx = torch.arange(n, device="cuda")
         band = None if window < 0 else ((idx[:, None] - idx[None, :]).abs() <= window)[None, None]
         if km is not None:
-            band = km[:, None, None, :]
+            band = km[:, None, None, :] if band is None else band & km[:, None, None, :]
         sdpa = triton.testing.do_bench(
-            lambda qq=qq, kk=kk, vv=vv, band=band: F.scaled_dot_product_attention(
-                qq.transpose(1, 2),
-                kk.transpose(1, 2),
-                vv.transpose(1, 2),
-                attn_mask=band,
+            lambda band=band: F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=band,
                 enable_gqa=True,
             )
-        )
-        for bm, bn, warps, stages in (
-            (64, 64, 4, 3),
-            (128, 64, 8, 3),
-            (64, 64, 4, 2),
-            (64, 64, 4, 1),
-            (128, 64, 4, 2),
-            (64, 32, 4, 2),
-        ):
-            grid = (triton.cdiv(n, bm), b * h)
+        )  # fmt: skip
+        for bm, bn, warps, stages, paired in (
+            (64, 64, 4, 3, 1), (64, 64, 4, 3, 2), (64, 64, 8, 3, 2), (64, 64, 8, 2, 2),
+            (32, 64, 4, 3, 2), (64, 128, 8, 2, 2), (64, 32, 4, 3, 2), (128, 64, 8, 3, 1),
+        ):  # fmt: skip
+            grid = (triton.cdiv(n, bm), b * h // paired)
 
-            def run(
-                bm=bm,
-                bn=bn,
-                warps=warps,
-                stages=stages,
-                grid=grid,
-                window=window,
-                qq=qq,
-                kk=kk,
-                vv=vv,
-                km=km,
-                weight=weight,
-            ):
+            def run(bm=bm, bn=bn, warps=warps, stages=stages, paired=paired, grid=grid,
+                    window=window, km=km):  # fmt: skip
                 _attention_kernel[grid](
-                    qq,
-                    kk,
-                    vv,
-                    out,
-                    qq if km is None else km,
-                    qq if weight is None else weight,
-                    qq if weight is None else weight,
-                    *qq.stride()[:3],
-                    *kk.stride()[:3],
-                    *vv.stride()[:3],
-                    n * h * d,
-                    h * d,
-                    d,
-                    0 if km is None else km.stride(0),
-                    0 if km is None else 1,
-                    n,
-                    kk.shape[1],
-                    h,
-                    h // hk,
-                    d**-0.5 * math.log2(math.e),
-                    max(window, 0),
-                    1e-6,
-                    HAS_MASK=km is not None,
-                    Q_NORM=weight is not None,
-                    K_NORM=weight is not None,
-                    WINDOWED=window >= 0,
-                    HEAD_DIM=d,
-                    BLOCK_M=bm,
-                    BLOCK_N=bn,
-                    PRECISION="tf32",
-                    num_warps=warps,
-                    num_stages=stages,
-                )
+                    q, k, v, out, q if km is None else km, q, q,
+                    *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], n * h * d, h * d, d,
+                    0 if km is None else km.stride(0), 0 if km is None else 1,
+                    n, n, h, h // hk, d**-0.5 * math.log2(math.e), max(window, 0), 1e-6,
+                    HAS_MASK=km is not None, Q_NORM=False, K_NORM=False, WINDOWED=window >= 0,
+                    HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, PAIRED=paired, PRECISION="tf32",
+                    num_warps=warps, num_stages=stages,
+                )  # fmt: skip
 
             try:
                 ms = triton.testing.do_bench(run)
             except Exception as exc:
                 ms = float("nan")
-                print("config failed", bm, bn, warps, stages, str(exc)[:200])
-            rows.append(
-                {"case": label, "config": [bm, bn, warps, stages], "ms": ms, "sdpa_ms": sdpa}
-            )
-            print(
-                f"attention {label} {bm}x{bn} w{warps} s{stages}: {ms:.4f} ms (SDPA {sdpa:.4f})",
-                flush=True,
-            )
+                print("config failed", bm, bn, warps, stages, paired, str(exc)[:200])
+            rows.append({"case": label, "config": [bm, bn, warps, stages, paired], "ms": ms,
+                         "sdpa_ms": sdpa})  # fmt: skip
+            print(f"attention {label} {bm}x{bn} w{warps} s{stages} p{paired}: {ms:.4f} ms "
+                  f"(SDPA {sdpa:.4f})", flush=True)  # fmt: skip
     return rows
 
 
@@ -382,6 +335,9 @@ def main() -> None:
                     help="cross-value fold variants to time: default, on, off (comma-separated)")
     ap.add_argument("--fp8", default="off",
                     help="FP8 projection variants to time: off, on (comma-separated)")
+    ap.add_argument("--guided", default="off",
+                    help="off: every row conditioned; on: a CFG tick, the second half of the rows "
+                    "null-conditioned negatives passed as such (comma-separated)")
     ap.add_argument("--skip-parity", action="store_true")
     ap.add_argument("--fused-only", action="store_true", help="skip diffusers' blocks")
     args = ap.parse_args()
@@ -464,9 +420,11 @@ def main() -> None:
 
     records = []
     fold_default = adapter.prepare().fold_cross_values  # the environment's choice
-    for rows in [int(r) for r in args.rows.split(",")]:
-        inputs = make_inputs(rows, args.frames, 64, adapter)
+    for rows, guided in itertools.product([int(r) for r in args.rows.split(",")],
+                                          args.guided.split(",")):  # fmt: skip
+        inputs = make_inputs(rows, args.frames, 64, adapter, guided=guided == "on")
         flops = linear_flops(adapter, *inputs)
+        conditioned = {"conditioned_rows": rows // 2} if guided == "on" else {}
         variants = [(mode, fused, fold, fp8) for mode in args.modes.split(",")
                     for fused in ((True,) if args.fused_only else (True, False))
                     for fold in (args.fold.split(",") if fused else ["default"])
@@ -480,13 +438,15 @@ def main() -> None:
             engine = TorchEngine(adapter, max_batch=rows, max_frames=args.frames,
                                  max_cond_len=64, mode=mode)  # fmt: skip
             with torch.no_grad():
-                ms, wall = timed(lambda e=engine, i=inputs: e.forward(*i[:4]))
+                ms, wall = timed(lambda e=engine, i=inputs, c=conditioned: e.forward(*i[:4], **c))
             rec = {"rows": rows, "frames": args.frames, "mode": mode, "fused": fused,
+                   "guided": guided == "on",
                    "fold": fold if fused_model is None else fused_model.fold_cross_values,
                    "fp8": fp8 == "on",
                    "gpu_ms": ms, "wall_ms": wall, "linear_tflop": flops / 1e12,
                    "tflops": flops / ms / 1e9, "of_gemm_rate": flops / ms / 1e9 / rate}  # fmt: skip
-            print(f"rows={rows} {mode:7s} fused={fused!s:5s} fold={rec['fold']!s:5s} fp8={fp8:3s} "
+            print(f"rows={rows} guided={guided:3s} {mode:7s} fused={fused!s:5s} "
+                  f"fold={rec['fold']!s:5s} fp8={fp8:3s} "
                   f"{ms:8.2f} ms "
                   f"(wall {wall:8.2f}) "
                   f"{rec['tflops']:.0f} TFLOP/s {100 * rec['of_gemm_rate']:.0f}%", flush=True)  # fmt: skip
@@ -498,7 +458,8 @@ def main() -> None:
                     print(f"     {e['ms']:8.3f} {e['category']:10s} {e['name'][:90]}")
             if args.gaps:
                 with torch.no_grad():
-                    rec["gaps"] = kernel_gaps(lambda e=engine, i=inputs: e.forward(*i[:4]))
+                    rec["gaps"] = kernel_gaps(
+                        lambda e=engine, i=inputs, c=conditioned: e.forward(*i[:4], **c))
                 g = rec["gaps"]
                 print(f"   {g['kernels']} kernels, sum {g['kernel_sum_ms']:.2f} ms, span "
                       f"{g['span_ms']:.2f} ms, idle {g['idle_ms']:.2f} ms, median gap "

@@ -203,7 +203,11 @@ def _e2e(args, device, dtype, cfg: bool, with_decoder: bool) -> dict:
         window, batch = args.e2e_window or args.windows[0], args.e2e_batch or args.batches[0]
         chunk = args.chunk_frames[0] if mode.startswith("fused") else None
         dec_engine = _engine(OobleckAdapter(vae), mode, window, batch, chunk, args)
-        decoder = AudioDecoder(dec_engine, window=window, crossfade=1, window_align=args.align)
+        # ``--decoder-stream tick``: decode on the ticks' own stream (no overlap, no contention)
+        same = args.decoder_stream == "tick" and device.type == "cuda"
+        decoder = AudioDecoder(dec_engine, window=window, crossfade=1, window_align=args.align,
+                               max_windows_per_step=args.windows_per_step,
+                               stream=torch.cuda.current_stream(device) if same else None)  # fmt: skip
     session = StreamSession(
         model, engine, depth=depth, max_queue=4 * args.requests, decoder=decoder
     )
@@ -251,7 +255,7 @@ def _e2e(args, device, dtype, cfg: bool, with_decoder: bool) -> dict:
 
 def _e2e_records(args, device, dtype, env) -> list[BenchRecord]:
     records = []
-    for cfg in (False, True):
+    for cfg in [c == "on" for c in args.e2e_cfg.split(",")]:
         name = f"e2e_{args.seconds:g}s[{'cfg' if cfg else 'nocfg'}]"
         try:
             alone = _e2e(args, device, dtype, cfg, with_decoder=False)
@@ -267,6 +271,8 @@ def _e2e_records(args, device, dtype, env) -> list[BenchRecord]:
                        "seconds": args.seconds, "depth": args.depth, "steps": 8, "shift": 3.0,
                        "cfg": cfg, "requests": args.requests, "dit_engine": args.dit_mode,
                        "dit_priority": args.dit_priority, "chunk_frames": args.chunk_frames[0],
+                       "decoder_stream": args.decoder_stream,
+                       "windows_per_step": args.windows_per_step,
                        "decoder": f"{args.modes[-1]},w{args.e2e_window or args.windows[0]},"
                                   f"b{args.e2e_batch or args.batches[0]}"},
                 baseline="the same session without the decoder (tick loop alone)",
@@ -319,10 +325,18 @@ def main() -> None:
         "--dit-priority", choices=("default", "high"), default="default",
         help="run the end-to-end ticks on a high-priority CUDA stream",
     )  # fmt: skip
+    parser.add_argument(
+        "--decoder-stream", choices=("own", "tick"), default="own",
+        help="end to end: decode on the decoder's own stream (overlapping the ticks) or on theirs",
+    )  # fmt: skip
+    parser.add_argument("--windows-per-step", type=int, default=None,
+                        help="end to end: the decoder's max_windows_per_step (default: all)")
+    parser.add_argument("--e2e-cfg", default="off,on", help="end to end without / with CFG")
     parser.add_argument("--depth", type=int, default=8)
     parser.add_argument("--requests", type=int, default=None, help="timed e2e requests")
     parser.add_argument("--dit-mode", default=None, help="DiT engine mode (default graphs)")
     parser.add_argument("--skip-e2e", action="store_true")
+    parser.add_argument("--skip-decode", action="store_true", help="the end-to-end runs alone")
     parser.add_argument("--e2e-window", type=int, default=None, help="default: first of --windows")
     parser.add_argument("--e2e-batch", type=int, default=None, help="default: first of --batches")
     parser.add_argument(
@@ -348,7 +362,7 @@ def main() -> None:
         args.depth = min(args.depth, 2)
     dtype = torch.bfloat16 if on_gpu else torch.float32
     env = environment(device)
-    records = _decode_records(args, device, dtype, env)
+    records = [] if args.skip_decode else _decode_records(args, device, dtype, env)
     if not args.skip_e2e:
         records += _e2e_records(args, device, dtype, env)
     report(records, args.out, meta={"command": " ".join(sys.argv), "args": vars(args)})

@@ -175,10 +175,7 @@ def test_fused_blocks_match_diffusers_blocks(seed, with_masks, fold, out_bias, m
     monkeypatch.setenv(ace_step_fused.FOLD_ENV_VAR, "1" if fold else "0")
     fused = build_ace_step("tiny", seed=seed % 1000, fused=True)
     if out_bias:
-        gen = torch.Generator().manual_seed(seed)
-        for layer in fused.transformer.layers:
-            proj = layer.cross_attn.to_out[0]
-            proj.bias = torch.nn.Parameter(0.5 * torch.randn(proj.out_features, generator=gen))
+        _give_cross_out_bias(fused, seed)
     x, t, states, states_mask, frame_mask, context = _fused_inputs(seed)
     if not with_masks:
         frame_mask, context = None, None
@@ -189,6 +186,64 @@ def test_fused_blocks_match_diffusers_blocks(seed, with_masks, fold, out_bias, m
     torch.testing.assert_close(_real(got, frame_mask), _real(want, frame_mask), **TOL)
     assert torch.isfinite(got).all()  # padded frames stay finite (they feed nothing, NaN would)
     assert bool(calls) == fold  # the route is asked only when the fold is switched on
+
+
+@pytest.mark.parametrize(
+    ("fold", "out_bias", "conditioned"),
+    [(True, False, 2), (True, True, 2), (False, False, 2), (True, False, 0), (False, False, 4)],
+    ids=["folded", "folded-bias", "direct", "all-null", "none-null"],
+)
+def test_rows_without_tokens_skip_their_cross_attention(seed, fold, out_bias, conditioned,
+                                                         monkeypatch):  # fmt: skip
+    """``conditioned_rows``: the rows after it have no conditioning tokens (CFG's null rows):
+    their cross-attention is the null token's value through the output projection, computed
+    once per row, and the batch's output is the one of the path that attends per query, and
+    diffusers' blocks'. The leading rows keep padded frames and masked tokens."""
+    from stream_dit.model import ace_step_fused
+
+    monkeypatch.setattr(ace_step_fused, "folds_cross_values", lambda *sizes: fold)
+    fused = build_ace_step("tiny", seed=seed % 1000, fused=True)
+    if out_bias:
+        _give_cross_out_bias(fused, seed)
+    x, t, states, states_mask, frame_mask, context = _fused_inputs(seed)
+    states_mask[conditioned:] = False
+    calls = []
+    real_blocks = ace_step_fused.FusedAceStep.blocks
+    monkeypatch.setattr(ace_step_fused.FusedAceStep, "blocks",
+                        lambda self, *a: calls.append(a[-1]) or real_blocks(self, *a))  # fmt: skip
+    with torch.no_grad():
+        got = fused(x, t, states, states_mask, frame_mask, context, conditioned_rows=conditioned)
+        every = fused(x, t, states, states_mask, frame_mask, context)
+        fused.fused = False
+        want = fused(x, t, states, states_mask, frame_mask, context)
+    assert calls == [conditioned, None]
+    torch.testing.assert_close(_real(got, frame_mask), _real(every, frame_mask), **TOL)
+    torch.testing.assert_close(_real(got, frame_mask), _real(want, frame_mask), **TOL)
+    assert torch.isfinite(got).all()
+    with pytest.raises(ValueError, match=r"conditioned_rows must be an int in \[0, 4\]"):
+        fused(x, t, states, states_mask, frame_mask, context, conditioned_rows=5)
+
+
+def test_guided_session_skips_the_null_rows_cross_attention(seed, monkeypatch):
+    """A session of guided requests on the fused path: its ticks pass the engine the number of
+    leading rows with tokens (negatives without a prompt come last and have none), and each
+    request's result is what the pipeline's loop gives it alone."""
+    from stream_dit.model import ace_step_fused
+
+    fused = build_ace_step("tiny", seed=0, fused=True)
+    seen = []
+    real_blocks = ace_step_fused.FusedAceStep.blocks
+    monkeypatch.setattr(ace_step_fused.FusedAceStep, "blocks",
+                        lambda self, *a: seen.append((a[0].shape[0], a[-1]))
+                        or real_blocks(self, *a))  # fmt: skip
+    requests = _requests(seed, 3, cfg=True)
+    for r in requests:
+        r.steps, r.negative = 2, None
+    requests[0].cfg_type = "none"  # a plain row among the guided ones
+    got = session_results(fused, requests, 2)
+    assert any(split is not None and split < rows for rows, split in seen), seen
+    for r, x in zip(requests, got):
+        torch.testing.assert_close(x, _reference(fused, r), **TOL)
 
 
 @pytest.mark.parametrize("fold", [False, True], ids=["direct", "folded"])
@@ -230,6 +285,14 @@ def test_fp8_blocks_track_diffusers_blocks(seed, fold, monkeypatch):
         want_again = fused(x, t, states, states_mask, frame_mask, context)
     again, want_again = _real(again, frame_mask), _real(want_again, frame_mask)
     assert ((again - want_again).norm() / want_again.norm()).item() < 0.03
+
+
+def _give_cross_out_bias(model: AceStepAdapter, seed: int) -> None:
+    """A bias on every cross-attention output projection (the published model has none)."""
+    gen = torch.Generator().manual_seed(seed)
+    for layer in model.transformer.layers:
+        proj = layer.cross_attn.to_out[0]
+        proj.bias = torch.nn.Parameter(0.5 * torch.randn(proj.out_features, generator=gen))
 
 
 def _real(out: torch.Tensor, frame_mask: torch.Tensor | None) -> torch.Tensor:

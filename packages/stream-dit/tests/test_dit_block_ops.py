@@ -167,6 +167,24 @@ def test_attention_many_keys_without_window_matches_float64(rng, device, masked)
     assert_close(out, ref, dtype=torch.float32)
 
 
+@pytest.mark.parametrize(("window", "heads", "kv_heads"), [(20, 4, 2), (37, 3, 1), (70, 4, 1)])
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_band_inner_and_edge_blocks_match_float64(rng, device, window, heads,
+                                                             kv_heads, masked):  # fmt: skip
+    """A window over many keys: key blocks inside every query's band run without the band's
+    and the bounds' checks, the blocks at its edges and the keys' end with them; query heads
+    sharing a key/value head in pairs (groups of 2 and 4) or alone (3)."""
+    q, k, v = _qkv(rng, 2, 150, 150, heads, kv_heads, 16, device, torch.float32)
+    mask = None
+    if masked:
+        mask = (torch.rand(2, 150, generator=rng) > 0.2).to(device)
+        mask[1, 90:] = False
+    out = attention(q, k, v, mask, scale=0.3, window=window)
+    ref = attention_reference(*_f64(q, k, v), None if mask is None else mask.cpu(), scale=0.3,
+                              window=window)  # fmt: skip
+    assert_close(out, ref, dtype=torch.float32)
+
+
 @pytest.mark.parametrize("norms", ["none", "q", "qk"])
 def test_attention_cross_shape_and_queries_with_no_key(rng, device, norms):
     """Few keys (cross-attention to conditioning tokens), the query and key norms folded in or

@@ -321,3 +321,54 @@ def test_a_failed_execute_fails_its_rows_and_the_session_keeps_serving(tiny_mode
     assert all(h.status is Status.FAILED and "fell over" in str(h.error) for h in first)
     session.run_until_idle()
     assert later.status is Status.DONE
+
+
+class _Recording(torch.nn.Module):
+    """The tiny DiT behind an adapter that takes ``conditioned_rows`` and records it."""
+
+    takes_conditioned_rows = True
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.latent_channels, self.cond_dim = model.latent_channels, model.cond_dim
+        self.context_channels = 0
+        self.seen: list = []
+
+    def forward(self, x, t, states, states_mask, frame_mask=None, context=None, *,
+                conditioned_rows=None):  # fmt: skip
+        self.seen.append((x.shape[0], conditioned_rows))
+        return self.model(x, t, states, states_mask, frame_mask, context)
+
+
+def test_engines_pass_the_rows_without_tokens_on(tiny_model, rng):
+    """The session tells the engine where its trailing rows without tokens (guided requests'
+    null negatives) begin; an eager engine passes it on as it is, a bucketed one as the whole
+    batch bucket or its first half (two variants per bucket), and engines of adapters without
+    the argument never pass it."""
+    adapter = _Recording(tiny_model)
+    engine = TorchEngine(adapter, max_batch=8, max_frames=16, max_cond_len=8)
+    session = StreamSession(adapter, engine, depth=4)
+    plain = _req(rng)
+    guided = [_req(rng, cfg_type="full", guidance=2.0) for _ in range(2)]
+    for r in (plain, *guided):
+        session.submit(r)
+    session.tick()
+    assert adapter.seen == [(5, 3)]  # rows: 3 positive, then 2 null negatives
+    with_prompt = _req(rng, cfg_type="full", guidance=2.0, negative=torch.randn(3, 32, generator=rng))
+    session.submit(with_prompt)
+    session.tick()
+    assert adapter.seen[-1] == (7, 7)  # the negative with a prompt comes last: no trailing row
+
+    bucketed = TorchEngine(adapter, max_batch=16, mode="compile")
+    assert bucketed.takes_conditioned_rows and engine.takes_conditioned_rows
+    assert [bucketed.conditioned_bucket(b, c) for b, c in
+            [(16, 8), (16, 9), (10, 5), (10, None), (5, None), (5, 4), (1, 0), (3, 0)]] == [
+        8, 16, 8, 16, 8, 4, 1, 2]  # fmt: skip
+    assert not TorchEngine(tiny_model, max_batch=4).takes_conditioned_rows
+    assert TorchEngine(tiny_model, max_batch=4).conditioned_bucket(4, 1) == 4
+    x = torch.zeros(2, 8, tiny_model.latent_channels)
+    states, mask = torch.zeros(2, 4, tiny_model.cond_dim), torch.zeros(2, 4, dtype=torch.bool)
+    for bad in (3, -1, True, 1.0):
+        with pytest.raises(ValueError, match=r"conditioned_rows must be an int in \[0, 2\]"):
+            engine.forward(x, torch.ones(2), states, mask, conditioned_rows=bad)

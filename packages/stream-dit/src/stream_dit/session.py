@@ -403,7 +403,16 @@ class StreamSession:
         context = None
         if self.context_state is not None:
             context = self.context_state[:, :frames].index_select(0, self._index(rows))
-        return self.engine.forward(x, t, states, states_mask, frame_mask, context)
+        if not getattr(self.engine, "takes_conditioned_rows", False):
+            return self.engine.forward(x, t, states, states_mask, frame_mask, context)
+        # rows without tokens at the end (CFG's null-conditioned negatives come last): the
+        # engine may skip their cross-attention
+        conditioned = len(cond_rows)
+        while conditioned and cond_rows[conditioned - 1][0].shape[0] == 0:
+            conditioned -= 1
+        return self.engine.forward(
+            x, t, states, states_mask, frame_mask, context, conditioned_rows=conditioned
+        )
 
     @torch.no_grad()
     def tick(self) -> list[Handle]:

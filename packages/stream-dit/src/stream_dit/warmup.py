@@ -119,9 +119,14 @@ def forward_shapes(
     return sorted(out, key=lambda s: (s[1], s[2], s[0], s[3]))
 
 
-def _forward_call(engine: Engine, shape, dtypes: dict) -> Callable[[], None]:
+def _forward_call(engine: Engine, shape, dtypes: dict, cfg: bool) -> Callable[[], None]:
     b, frames, length, masked = shape
     dev = engine.device
+    # guided ticks pass null-conditioned negative rows last: engines that skip their
+    # cross-attention run a second variant of the call (and capture its graph)
+    variants = [None]
+    if cfg and b > 1 and getattr(engine, "takes_conditioned_rows", False):
+        variants.append(b // 2)
 
     def call() -> None:
         x = torch.zeros(b, frames, engine.latent_channels, device=dev)
@@ -135,7 +140,13 @@ def _forward_call(engine: Engine, shape, dtypes: dict) -> Callable[[], None]:
         context = None
         if engine.context_channels:
             context = torch.zeros(b, frames, engine.context_channels, device=dev)
-        out = engine.forward(x, t, states, states_mask, frame_mask, context)
+        for conditioned in variants:
+            if conditioned is None:
+                out = engine.forward(x, t, states, states_mask, frame_mask, context)
+            else:
+                states_mask[conditioned:] = False
+                out = engine.forward(x, t, states, states_mask, frame_mask, context,
+                                     conditioned_rows=conditioned)  # fmt: skip
         dtypes[frames] = out.dtype
 
     return call
@@ -206,7 +217,7 @@ def warmup(
     session, engine = _split(target)
     shapes = forward_shapes(target, frames=frames, cond_lens=cond_lens, rows=rows, cfg=cfg)
     dtypes: dict[int, torch.dtype] = {}
-    calls = [_forward_call(engine, s, dtypes) for s in shapes]
+    calls = [_forward_call(engine, s, dtypes, cfg) for s in shapes]
     guidance = 0
     if cfg and (session is None or session.fused_cfg):
         depth = session.depth if session is not None else max(1, engine.max_batch // 2)

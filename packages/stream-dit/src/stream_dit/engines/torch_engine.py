@@ -37,7 +37,10 @@ class TorchEngine:
             replay; a batch whose rows all fill the T bucket replays a graph without the mask,
             so the model can take its unmasked path);
             ``"compile-graphs"`` (the ``torch.compile``d adapter captured in those graphs: fused
-            pointwise kernels and no launch overhead).
+            pointwise kernels and no launch overhead). With an adapter that takes
+            ``conditioned_rows`` (:attr:`takes_conditioned_rows`), a batch whose second half of
+            the bucket has no conditioning tokens (CFG's unconditional rows, padded rows) runs
+            a variant that skips those rows' cross-attention: a second graph per key.
         frame_multiple, cond_multiple: bucket granularity of T and L in compile/graph modes.
     """
 
@@ -80,6 +83,8 @@ class TorchEngine:
         self.cond_dim = adapter.cond_dim
         self.context_channels = getattr(adapter, "context_channels", 0)
         self.reuses_output = self._graphed
+        #: The adapter takes ``conditioned_rows``, so ``forward`` does (else it ignores them).
+        self.takes_conditioned_rows = bool(getattr(adapter, "takes_conditioned_rows", False))
         self._bucketed = mode != "eager"
         self._frame_multiple = frame_multiple
         self._cond_multiple = cond_multiple
@@ -89,7 +94,7 @@ class TorchEngine:
             prepare()
         self._fn = torch.compile(adapter, dynamic=False) if compiled else adapter
         self._graphs: dict[
-            tuple[int, int, int, bool], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]
+            tuple[int, int, int, bool, int], tuple[torch.cuda.CUDAGraph, dict, torch.Tensor]
         ] = {}
         self._pool = None
 
@@ -120,6 +125,16 @@ class TorchEngine:
         if states.shape[1] > self.max_cond_len + 1:
             raise ValueError(f"L={states.shape[1]} exceeds the engine's limit {self.max_cond_len}")
 
+    def conditioned_bucket(self, batch: int, conditioned_rows: int | None) -> int:
+        """The rows of the batch bucket that run their cross-attention: the whole bucket, or
+        its first half when the rows after it have no conditioning tokens (a bucket's padded
+        rows never have any). Two variants per bucket bound the graphs and compiles."""
+        bb = self.batch_bucket(batch)
+        if not self.takes_conditioned_rows:
+            return bb
+        rows = batch if conditioned_rows is None else min(conditioned_rows, batch)
+        return bb // 2 if bb > 1 and rows <= bb // 2 else bb
+
     @torch.no_grad()
     def forward(
         self,
@@ -129,19 +144,41 @@ class TorchEngine:
         states_mask: torch.Tensor,
         frame_mask: torch.Tensor | None = None,
         context: torch.Tensor | None = None,
+        *,
+        conditioned_rows: int | None = None,
     ) -> torch.Tensor:
+        """The adapter's velocity for a batch. ``conditioned_rows``: a promise that the rows
+        from this index on have no conditioning tokens (their ``states_mask`` is all False);
+        an adapter that takes it skips their cross-attention (``None``: no promise)."""
         self._check(x, states)
+        b = x.shape[0]
+        if conditioned_rows is not None and (
+            isinstance(conditioned_rows, bool)
+            or not isinstance(conditioned_rows, int)
+            or not 0 <= conditioned_rows <= b
+        ):
+            raise ValueError(f"conditioned_rows must be an int in [0, {b}] or None, "
+                             f"got {conditioned_rows!r}")  # fmt: skip
         if not self._graphed:
             if self._bucketed:
-                return self._padded_call(x, t, states, states_mask, frame_mask, context)
-            return self._fn(x, t, states, states_mask, frame_mask, context)
-        return self._replay(x, t, states, states_mask, frame_mask, context)
+                return self._padded_call(x, t, states, states_mask, frame_mask, context,
+                                         conditioned_rows)  # fmt: skip
+            extra = {}
+            if self.takes_conditioned_rows and conditioned_rows is not None:
+                extra["conditioned_rows"] = conditioned_rows
+            return self._fn(x, t, states, states_mask, frame_mask, context, **extra)
+        return self._replay(x, t, states, states_mask, frame_mask, context, conditioned_rows)
 
-    def _padded_call(self, x, t, states, states_mask, frame_mask, context):
+    def _conditioned_kwargs(self, bb: int, conditioned: int) -> dict:
+        # the whole bucket conditioned: the call the adapter always took
+        return {"conditioned_rows": conditioned} if conditioned < bb else {}
+
+    def _padded_call(self, x, t, states, states_mask, frame_mask, context, conditioned_rows):
         b = x.shape[0]
         bb = self.batch_bucket(b)
+        extra = self._conditioned_kwargs(bb, self.conditioned_bucket(b, conditioned_rows))
         if bb == b:
-            return self._fn(x, t, states, states_mask, frame_mask, context)
+            return self._fn(x, t, states, states_mask, frame_mask, context, **extra)
         pad = bb - b
         x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
         t = torch.cat([t, t.new_ones(pad)])
@@ -151,7 +188,7 @@ class TorchEngine:
             frame_mask = torch.cat([frame_mask, frame_mask.new_ones(pad, frame_mask.shape[1])])
         if context is not None:
             context = torch.cat([context, context.new_zeros(pad, *context.shape[1:])])
-        return self._fn(x, t, states, states_mask, frame_mask, context)[:b]
+        return self._fn(x, t, states, states_mask, frame_mask, context, **extra)[:b]
 
     def _static_inputs(self, bb: int, frames: int, length: int, masked: bool, x, states) -> dict:
         dev = self.device
@@ -167,13 +204,23 @@ class TorchEngine:
             inputs["context"] = torch.zeros(bb, frames, self.context_channels, device=dev)
         return inputs
 
-    def capture(self, batch: int, frames: int, length: int, masked: bool = True) -> None:
-        """Capture (once) the graph of a (batch bucket, T, L, masked) key; later calls replay it.
-        ``masked``: the calls pass a frame mask (rows shorter than T)."""
+    def capture(
+        self,
+        batch: int,
+        frames: int,
+        length: int,
+        masked: bool = True,
+        conditioned_rows: int | None = None,
+    ) -> None:
+        """Capture (once) the graph of a (batch bucket, T, L, masked, conditioned rows) key;
+        later calls replay it. ``masked``: the calls pass a frame mask (rows shorter than T);
+        ``conditioned_rows``: as in :meth:`forward`."""
         bb = self.batch_bucket(batch)
-        key = (bb, frames, length, masked)
+        conditioned = self.conditioned_bucket(batch, conditioned_rows)
+        key = (bb, frames, length, masked, conditioned)
         if key in self._graphs:
             return
+        extra = self._conditioned_kwargs(bb, conditioned)
         probe_x = torch.empty(0, 0, self.latent_channels, device=self.device)
         probe_s = torch.empty(0, 0, self.cond_dim, device=self.device)
         inputs = self._static_inputs(bb, frames, length, masked, probe_x, probe_s)
@@ -181,23 +228,23 @@ class TorchEngine:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up outside the graph (allocations, cuBLAS, compilation)
-                self._fn(**inputs)
+                self._fn(**inputs, **extra)
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
-            out = self._fn(**inputs)
+            out = self._fn(**inputs, **extra)
         self._graphs[key] = (graph, inputs, out)
 
-    def _replay(self, x, t, states, states_mask, frame_mask, context):
+    def _replay(self, x, t, states, states_mask, frame_mask, context, conditioned_rows):
         b, frames = x.shape[:2]
         length = states.shape[1]
         bb = self.batch_bucket(b)
         masked = frame_mask is not None
-        key = (bb, frames, length, masked)
+        key = (bb, frames, length, masked, self.conditioned_bucket(b, conditioned_rows))
         if key not in self._graphs:
-            self.capture(b, frames, length, masked)
+            self.capture(b, frames, length, masked, conditioned_rows)
         graph, inputs, out = self._graphs[key]
         inputs["x"][:b].copy_(x)
         inputs["t"][:b].copy_(t)

@@ -135,6 +135,9 @@ class AceStepAdapter(nn.Module):
         self._fused_model: FusedAceStep | None = None
         self.prepare()
 
+    #: :meth:`forward` takes ``conditioned_rows`` (engines pass it on).
+    takes_conditioned_rows = True
+
     def _fused_enabled(self, device: torch.device) -> bool:
         if _EXPORTING[0]:
             return False
@@ -195,10 +198,23 @@ class AceStepAdapter(nn.Module):
         states_mask: torch.Tensor,
         frame_mask: torch.Tensor | None = None,
         context: torch.Tensor | None = None,
+        *,
+        conditioned_rows: int | None = None,
     ) -> torch.Tensor:
+        """The velocity (the :class:`~stream_dit.model.DenoiserAdapter` contract).
+        ``conditioned_rows``: a promise that the rows from this index on have no conditioning
+        tokens (``states_mask`` all False: CFG's unconditional rows, padded rows); the fused
+        path then gives them the null condition's cross-attention without computing it per
+        query. ``None``: no promise."""
         m = self.transformer
         dtype = self.dtype
-        b, frames, _ = x.shape
+        b = x.shape[0]
+        if conditioned_rows is not None and (
+            not isinstance(conditioned_rows, int) or not 0 <= conditioned_rows <= b
+        ):
+            raise ValueError(f"conditioned_rows must be an int in [0, {b}] or None, "
+                             f"got {conditioned_rows!r}")  # fmt: skip
+        frames = x.shape[1]
         p = self.patch
         fused = None
         if self._fused_enabled(x.device):
@@ -242,7 +258,8 @@ class AceStepAdapter(nn.Module):
             # a patch is real when its first frame is
             key_mask = frame_mask.to(torch.bool)[:, ::p][:, :n]
         if fused is not None:
-            hidden = fused.blocks(hidden, timestep_proj, temb, encoder, key_mask, states_mask)
+            hidden = fused.blocks(hidden, timestep_proj, temb, encoder, key_mask, states_mask,
+                                  conditioned_rows)  # fmt: skip
             return fused.unpatchify(hidden)[:, :frames].contiguous()
         band, full = self._self_masks(key_mask, n, x.device, dtype)
 

@@ -186,13 +186,21 @@ class FusedAceStep:
         encoder: torch.Tensor,
         key_mask: torch.Tensor | None,
         encoder_mask: torch.Tensor,
+        conditioned_rows: int | None = None,
     ) -> torch.Tensor:
         """Every block and the output norm: ``(B, N, D)`` tokens in (``key_mask`` ``(B, N)``
         bool marks the real ones, ``None``: all), the output norm's modulated ``(B, N, D)`` out
         (ready for :meth:`unpatchify`). ``encoder`` ``(B, L, D)`` with ``encoder_mask`` ``(B, L)``
-        bool are the embedded conditioning tokens."""
+        bool are the embedded conditioning tokens.
+
+        ``conditioned_rows``: the rows from this index on have one valid conditioning token, the
+        first (the null condition of CFG's unconditional rows and of padded rows). Their
+        cross-attention is then that token's value through the output projection for every
+        query (a softmax over one key is 1): they skip the query projection and the attention.
+        ``None``: every row runs them."""
         m = self.transformer
-        n = hidden.shape[1]
+        rows, n = hidden.shape[:2]
+        split = rows if conditioned_rows is None else max(0, min(int(conditioned_rows), rows))
         layers = m.layers
         first = layers[0].self_attn
         heads, kv_heads, d = first.heads, first.kv_heads, first.head_dim
@@ -202,8 +210,11 @@ class FusedAceStep:
         mods = tables + timestep_proj[:, None]
         out_shift, out_scale = (m.scale_shift_table + temb.unsqueeze(1)).unbind(1)
         # (B, L, blocks, 2·Hkv·d): each block's keys then values of the conditioning tokens
-        cross_kv = F.linear(encoder, self.cross_kv, self.cross_kv_bias)
+        cross_kv = F.linear(encoder[:split], self.cross_kv, self.cross_kv_bias)
         cross_kv = cross_kv.unflatten(-1, (len(layers), -1))
+        if split < rows:  # the rows after the split read their first token's values alone
+            null_kv = F.linear(encoder[split:, 0], self.cross_kv, self.cross_kv_bias)
+            null_kv = null_kv.unflatten(-1, (len(layers), 2, kv_heads, d))
         # torch.compile traces the bfloat16 path (the quantized weights are kept by identity)
         fp8 = (
             self.fp8
@@ -241,24 +252,37 @@ class FusedAceStep:
             hidden, normed = norm(hidden, layer.cross_attn_norm.weight, attn, gate=mods[:, i, 2],
                                   eps=layer.cross_attn_norm.eps)  # fmt: skip
 
-            (cq,) = _heads(linear(normed, ca.to_q.weight, ca.to_q.bias), (heads,), d)
-            ck, cv = _heads(cross_kv[:, :, i], (kv_heads, kv_heads), d)
             out_proj = ca.to_out[0]
-            norms = dict(q_weight=ca.norm_q.weight, k_weight=ca.norm_k.weight, eps=ca.norm_q.eps)
-            mlp_norm = dict(scale=mods[:, i, 4], shift=mods[:, i, 3], eps=layer.mlp_norm.eps)
-            if self.fold_cross_values and folds_cross_values(n, ck.shape[1], d):
-                weights = attention_weights(cq, ck, encoder_mask, scale=ca.scaling, **norms)
-                values = head_values(cv, out_proj.weight, heads=heads)
-                if out_proj.bias is None:  # hidden is this block's own tensor: add in place
-                    hidden = hidden.baddbmm_(weights.flatten(2), values)
-                    _, normed = norm(hidden, layer.mlp_norm.weight, **mlp_norm)
+            # hidden is this block's own tensor (the norm's output): residuals add in place
+            if split < rows:
+                null_values = null_kv[:, i, 1].repeat_interleave(heads // kv_heads, dim=1)
+                hidden[split:] += out_proj(null_values.flatten(1))[:, None]
+            delta = None  # the leading rows' cross-attention output, where not added yet
+            if split > 0:
+                (cq,) = _heads(linear(_leading(normed, split), ca.to_q.weight, ca.to_q.bias),
+                               (heads,), d)  # fmt: skip
+                ck, cv = _heads(cross_kv[:, :, i], (kv_heads, kv_heads), d)
+                norms = dict(q_weight=ca.norm_q.weight, k_weight=ca.norm_k.weight,
+                             eps=ca.norm_q.eps)  # fmt: skip
+                mask = encoder_mask[:split]
+                if self.fold_cross_values and folds_cross_values(n, ck.shape[1], d):
+                    weights = attention_weights(cq, ck, mask, scale=ca.scaling, **norms)
+                    values = head_values(cv, out_proj.weight, heads=heads)
+                    if out_proj.bias is None:
+                        hidden[:split].baddbmm_(weights.flatten(2), values)
+                    else:
+                        delta = torch.baddbmm(out_proj.bias, weights.flatten(2), values)
                 else:
-                    attn = torch.baddbmm(out_proj.bias, weights.flatten(2), values)
-                    hidden, normed = norm(hidden, layer.mlp_norm.weight, attn, **mlp_norm)
+                    attn = attention(cq, ck, cv, mask, scale=ca.scaling, **norms)
+                    delta = out_proj(attn.flatten(2))
+            if delta is not None and split < rows:  # the norm's add would cover every row
+                hidden[:split] += delta
+                delta = None
+            mlp_norm = dict(scale=mods[:, i, 4], shift=mods[:, i, 3], eps=layer.mlp_norm.eps)
+            if delta is None:
+                _, normed = norm(hidden, layer.mlp_norm.weight, **mlp_norm)
             else:
-                attn = attention(cq, ck, cv, encoder_mask, scale=ca.scaling, **norms)
-                attn = out_proj(attn.flatten(2))
-                hidden, normed = norm(hidden, layer.mlp_norm.weight, attn, **mlp_norm)
+                hidden, normed = norm(hidden, layer.mlp_norm.weight, delta, **mlp_norm)
 
             down = layer.mlp.down_proj
             gate_up = linear(normed, w.gate_up)
@@ -286,6 +310,13 @@ def folds_cross_values(queries: int, keys: int, head_dim: int) -> bool:
     1.5: 64 conditioning tokens, heads of 128, from 256 latent tokens; the output projection of
     a 60 s row then does half its work)."""
     return keys < head_dim and queries * (head_dim - keys) >= 2 * keys * head_dim
+
+
+def _leading(normed, rows: int):
+    """The first ``rows`` rows of a norm's output (a tensor, or the FP8 ``(q, scale)`` pair)."""
+    if isinstance(normed, tuple):
+        return tuple(part[:rows] for part in normed)
+    return normed[:rows]
 
 
 def _heads(x: torch.Tensor, counts: tuple[int, ...], d: int) -> list[torch.Tensor]:

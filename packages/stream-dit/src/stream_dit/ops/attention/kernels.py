@@ -19,22 +19,75 @@ from triton_dispatch.launch import KernelLaunch
 
 
 @triton.jit
+def _attend_keys(
+    acc, m_i, l_i, q, pos, k_base, v_base, mask_row, kw_ptr, offs_d, start, sk_n, sv_n, sm_n,
+    n_k, window, scale_log2e, eps,
+    HAS_MASK: tl.constexpr, K_NORM: tl.constexpr, EDGE: tl.constexpr, WINDOWED: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One key block into the online softmax. ``EDGE``: the block may cross the window's edge
+    or the end of the keys (bounds and band are checked); inner blocks skip both."""
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if EDGE:
+        in_k = offs_n < n_k
+        kt = tl.load(k_base + offs_n[None, :] * sk_n + offs_d[:, None], mask=in_k[None, :],
+                     other=0.0)  # fmt: skip
+    else:
+        kt = tl.load(k_base + offs_n[None, :] * sk_n + offs_d[:, None])
+    if K_NORM:  # each key's RMS norm as it is loaded (few keys: cross-attention)
+        kf = kt.to(tl.float32)
+        k_inv = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) / HEAD_DIM + eps)
+        kw = tl.load(kw_ptr + offs_d).to(tl.float32)
+        kt = (kf * k_inv[None, :] * kw[:, None]).to(q.dtype)
+    s = tl.dot(q, kt, input_precision=PRECISION) * scale_log2e
+    if EDGE:
+        valid = in_k[None, :]
+        if WINDOWED:
+            diff = pos[:, None] - offs_n[None, :]
+            valid = valid & (diff <= window) & (diff >= -window)
+        if HAS_MASK:
+            keep = tl.load(mask_row + offs_n * sm_n, mask=in_k, other=0)
+            valid = valid & (keep != 0)[None, :]
+        s = tl.where(valid, s, float("-inf"))
+    elif HAS_MASK:
+        keep = tl.load(mask_row + offs_n * sm_n)
+        s = tl.where((keep != 0)[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    # a query with no key seen yet keeps exponents finite (its probabilities are all 0)
+    m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_base)
+    p = tl.math.exp2(s - m_base[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if EDGE:
+        v = tl.load(v_base + offs_n[:, None] * sv_n + offs_d[None, :], mask=in_k[:, None],
+                    other=0.0)  # fmt: skip
+    else:
+        v = tl.load(v_base + offs_n[:, None] * sv_n + offs_d[None, :])
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _attention_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, mask_ptr, qw_ptr, kw_ptr,
     sq_b, sq_n, sq_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h, so_b, so_n, so_h, sm_b, sm_n,
     n_q, n_k, heads, group, scale_log2e, window, eps,
     HAS_MASK: tl.constexpr, Q_NORM: tl.constexpr, K_NORM: tl.constexpr, WINDOWED: tl.constexpr, HEAD_DIM: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAIRED: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
+    """``PAIRED`` query heads that share a key/value head run in one program: its tile holds
+    ``BLOCK_M`` positions of each, so every key block loaded serves them all."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
-    b = (bh // heads).to(tl.int64)
-    h = bh % heads
-    hk = h // group
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    b = (bh // (heads // PAIRED)).to(tl.int64)
+    h0 = bh % (heads // PAIRED) * PAIRED
+    hk = h0 // group
+    rows = tl.arange(0, PAIRED * BLOCK_M)
+    head = h0 + rows // BLOCK_M
+    pos = pid_m * BLOCK_M + rows % BLOCK_M
     offs_d = tl.arange(0, HEAD_DIM)
-    q_rows = q_ptr + b * sq_b + h * sq_h + offs_m[:, None] * sq_n + offs_d[None, :]
-    q = tl.load(q_rows, mask=(offs_m < n_q)[:, None], other=0.0)
+    q_rows = q_ptr + b * sq_b + head[:, None] * sq_h + pos[:, None] * sq_n + offs_d[None, :]
+    q = tl.load(q_rows, mask=(pos < n_q)[:, None], other=0.0)
     if Q_NORM:  # the query's RMS norm, folded into its one load
         qf = q.to(tl.float32)
         inv = 1.0 / tl.sqrt(tl.sum(qf * qf, axis=1) / HEAD_DIM + eps)
@@ -42,46 +95,42 @@ def _attention_kernel(
         q = (qf * inv[:, None] * w[None, :]).to(q.dtype)
     k_base = k_ptr + b * sk_b + hk * sk_h
     v_base = v_ptr + b * sv_b + hk * sv_h
-    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-    l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    mask_row = mask_ptr + b * sm_b
+    m_i = tl.full((PAIRED * BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((PAIRED * BLOCK_M,), tl.float32)
+    acc = tl.zeros((PAIRED * BLOCK_M, HEAD_DIM), tl.float32)
+    first = pid_m * BLOCK_M
     lo = 0
     hi = n_k
+    # inner blocks: inside every position's band and before the end of the keys
+    inner_lo = 0
+    inner_hi = n_k // BLOCK_N * BLOCK_N
     if WINDOWED:
-        lo = tl.maximum(pid_m * BLOCK_M - window, 0) // BLOCK_N * BLOCK_N
-        hi = tl.minimum((pid_m + 1) * BLOCK_M + window, n_k)
-    for start in range(lo, hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        in_k = offs_n < n_k
-        kt = tl.load(k_base + offs_n[None, :] * sk_n + offs_d[:, None], mask=in_k[None, :],
-                     other=0.0)  # fmt: skip
-        if K_NORM:  # each key's RMS norm as it is loaded (few keys: cross-attention)
-            kf = kt.to(tl.float32)
-            k_inv = 1.0 / tl.sqrt(tl.sum(kf * kf, axis=0) / HEAD_DIM + eps)
-            kw = tl.load(kw_ptr + offs_d).to(tl.float32)
-            kt = (kf * k_inv[None, :] * kw[:, None]).to(q.dtype)
-        s = tl.dot(q, kt, input_precision=PRECISION) * scale_log2e
-        valid = in_k[None, :]
-        if HAS_MASK:
-            keep = tl.load(mask_ptr + b * sm_b + offs_n * sm_n, mask=in_k, other=0)
-            valid = valid & (keep != 0)[None, :]
-        if WINDOWED:
-            diff = offs_m[:, None] - offs_n[None, :]
-            valid = valid & (diff <= window) & (diff >= -window)
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        # a query with no key seen yet keeps exponents finite (its probabilities are all 0)
-        m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_base)
-        p = tl.math.exp2(s - m_base[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + offs_n[:, None] * sv_n + offs_d[None, :], mask=in_k[:, None],
-                    other=0.0)  # fmt: skip
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        lo = tl.maximum(first - window, 0) // BLOCK_N * BLOCK_N
+        hi = tl.minimum(first + BLOCK_M + window, n_k)
+        inner_lo = tl.cdiv(tl.maximum(first + BLOCK_M - 1 - window, 0), BLOCK_N) * BLOCK_N
+        last_start = first + window - BLOCK_N + 1  # an inner block starts at or before it
+        inner_hi = tl.where(last_start >= 0,
+                            tl.minimum((tl.maximum(last_start, 0) // BLOCK_N + 1) * BLOCK_N,
+                                       inner_hi), 0)  # fmt: skip
+    inner_lo = tl.minimum(tl.maximum(inner_lo, lo), hi)
+    inner_hi = tl.minimum(tl.maximum(inner_hi, inner_lo), hi)
+    for part in tl.static_range(3):  # leading edge, inner blocks, trailing edge
+        if part == 0:
+            begin, end = lo, inner_lo
+        elif part == 1:
+            begin, end = inner_lo, inner_hi
+        else:
+            begin, end = inner_hi, hi
+        for start in range(begin, end, BLOCK_N):
+            acc, m_i, l_i = _attend_keys(
+                acc, m_i, l_i, q, pos, k_base, v_base, mask_row, kw_ptr, offs_d, start, sk_n,
+                sv_n, sm_n, n_k, window, scale_log2e, eps, HAS_MASK, K_NORM, part != 1, WINDOWED,
+                HEAD_DIM, BLOCK_N, PRECISION,
+            )  # fmt: skip
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]  # no key: zeros
-    o_rows = o_ptr + b * so_b + h * so_h + offs_m[:, None] * so_n + offs_d[None, :]
-    tl.store(o_rows, out.to(q.dtype), mask=(offs_m < n_q)[:, None])
+    o_rows = o_ptr + b * so_b + head[:, None] * so_h + pos[:, None] * so_n + offs_d[None, :]
+    tl.store(o_rows, out.to(q.dtype), mask=(pos < n_q)[:, None])
 
 
 @triton.jit
@@ -199,26 +248,30 @@ def attention_plan(call: Call) -> SimpleNamespace:
     # a window as wide as the sequences is no window
     if n_k <= FEW_KEYS and (call["window"] < 0 or call["window"] >= max(n, n_k) - 1):
         return _few_keys_plan(call)
+    # two query heads of a key/value head per program: each key block loaded serves both (up
+    # to heads of 128: a pair's float32 accumulator of 256-wide heads would spill)
+    paired = 2 if (heads // kv_heads) % 2 == 0 and d <= 128 else 1
     if call.backend == "interpret":
         block_m, block_n, warps, stages = 16, 16, 4, 1
     else:
-        # H200, ACE-Step's published shapes (B 8, N 750, 16/8 heads of 128): 64x64 with 4 warps
-        # and 3 stages beat 128x64 (8 warps) and 128x128 both windowed (0.063 vs 0.076 ms) and
-        # full (0.110 vs 0.123 ms)
-        block_m, block_n = (64, 64) if d <= 128 else (64, 32)
+        # H200, ACE-Step's published shapes (B 8, N 750, 16/8 heads of 128, window 128): paired
+        # heads in 64x32 blocks, 4 warps, 3 stages: 0.0655 ms (key mask 0.0758) against 0.0745
+        # (0.0872) one head per program in 64x64 blocks, 0.071-0.096 for 64x64 and 64x128
+        # paired, 8 warps; full with a key mask 0.142 against 0.153 ms
+        block_m, block_n = 64, 32
         warps, stages = 4, 3
     # float32 inputs get float32 products (tf32 would lose the precision they were chosen for)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     launch = KernelLaunch(
         _attention_kernel,
-        (triton.cdiv(n, block_m), b * heads),
+        (triton.cdiv(n, block_m), b * heads // paired),
         dict(
             **_strides(call, n, heads, d),
             n_q=n, n_k=n_k, heads=heads, group=heads // kv_heads,
             scale_log2e=call["scale"] * math.log2(math.e), window=max(call["window"], 0),
             eps=call["eps"], HAS_MASK=mask is not None, Q_NORM=call["q_weight"] is not None,
             K_NORM=call["k_weight"] is not None, WINDOWED=call["window"] >= 0, HEAD_DIM=d,
-            BLOCK_M=block_m, BLOCK_N=block_n, PRECISION=precision,
+            BLOCK_M=block_m, BLOCK_N=block_n, PAIRED=paired, PRECISION=precision,
         ),
         device=call.device,
         options={"num_warps": warps, "num_stages": stages},
