@@ -318,6 +318,52 @@ def pointwise_sweep() -> list:
     return rows
 
 
+def alternating(args, adapter, rate: float) -> list:
+    """Every (rows, guided, mode) variant of the fused path (the environment's fold and FP8
+    choices) captured once, then timed in turn for ``args.rounds`` rounds: medians that saw
+    the same clocks. A record per variant with each round's GPU and wall ms."""
+    import statistics
+
+    from stream_dit.engines import TorchEngine
+    from stream_dit.profiler import linear_flops
+
+    adapter.fused = True
+    variants = []
+    for rows, guided, mode in itertools.product([int(r) for r in args.rows.split(",")],
+                                                args.guided.split(","), args.modes.split(",")):  # fmt: skip
+        inputs = make_inputs(rows, args.frames, 64, adapter, guided=guided == "on")
+        kwargs = {"conditioned_rows": rows // 2} if guided == "on" else {}
+        engine = TorchEngine(adapter, max_batch=rows, max_frames=args.frames, max_cond_len=64,
+                             mode=mode)  # fmt: skip
+        with torch.no_grad():
+            engine.forward(*inputs[:4], **kwargs)
+        variants.append({"rows": rows, "guided": guided == "on", "mode": mode, "engine": engine,
+                         "call": lambda e=engine, i=inputs, k=kwargs: e.forward(*i[:4], **k),
+                         "flops": linear_flops(adapter, *inputs), "gpu_ms": [], "wall_ms": []})  # fmt: skip
+    for r in range(args.rounds):
+        for v in variants:
+            with torch.no_grad():
+                ms, wall = timed(v["call"])
+            v["gpu_ms"].append(ms)
+            v["wall_ms"].append(wall)
+            print(f"round {r} rows={v['rows']} guided={v['guided']!s:5s} {v['mode']:7s} "
+                  f"{ms:8.2f} ms (wall {wall:8.2f})", flush=True)  # fmt: skip
+    out = []
+    for v in variants:
+        med = statistics.median(v["gpu_ms"])
+        rec = {k: v[k] for k in ("rows", "guided", "mode", "gpu_ms", "wall_ms")}
+        rec.update(median_ms=med, median_wall_ms=statistics.median(v["wall_ms"]),
+                   tflops=v["flops"] / med / 1e9, of_gemm_rate=v["flops"] / med / 1e9 / rate)
+        out.append(rec)
+        print(f"median rows={v['rows']} guided={v['guided']!s:5s} {v['mode']:7s} {med:8.2f} ms "
+              f"[{min(v['gpu_ms']):.2f}-{max(v['gpu_ms']):.2f}] wall {rec['median_wall_ms']:.2f}"
+              f" {rec['tflops']:.0f} TFLOP/s {100 * rec['of_gemm_rate']:.0f}%", flush=True)  # fmt: skip
+    del variants
+    adapter.fused = None
+    torch.cuda.empty_cache()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "dit_forward.json"))
@@ -338,6 +384,9 @@ def main() -> None:
     ap.add_argument("--guided", default="off",
                     help="off: every row conditioned; on: a CFG tick, the second half of the rows "
                     "null-conditioned negatives passed as such (comma-separated)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="> 1: first time every (rows, guided, mode) variant of the fused path "
+                    "in turn, this many rounds (the card's clocks drift under sustained load)")
     ap.add_argument("--skip-parity", action="store_true")
     ap.add_argument("--fused-only", action="store_true", help="skip diffusers' blocks")
     args = ap.parse_args()
@@ -418,10 +467,12 @@ def main() -> None:
         }
         print("relative error against float32:", result["error_vs_fp32"], flush=True)
 
+    if args.rounds > 1:
+        result["alternating"] = alternating(args, adapter, rate)
     records = []
     fold_default = adapter.prepare().fold_cross_values  # the environment's choice
-    for rows, guided in itertools.product([int(r) for r in args.rows.split(",")],
-                                          args.guided.split(",")):  # fmt: skip
+    once = [] if args.rounds > 1 else [int(r) for r in args.rows.split(",")]
+    for rows, guided in itertools.product(once, args.guided.split(",")):
         inputs = make_inputs(rows, args.frames, 64, adapter, guided=guided == "on")
         flops = linear_flops(adapter, *inputs)
         conditioned = {"conditioned_rows": rows // 2} if guided == "on" else {}

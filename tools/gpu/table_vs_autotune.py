@@ -37,6 +37,8 @@ def run(script: Path, mode: str, out: Path, timeout: int) -> list[dict]:
     env["TRITON_DISPATCH_TUNING_CACHE"] = "0"  # tune now, not from an earlier run's files
     env["TRITON_DISPATCH_BOUNDED_TUNE"] = "0"
     env["TRITON_DISPATCH_BENCH_BASELINES"] = "0"  # only our own times are compared
+    # the kernels' time, not the host's launches (calls of a few microseconds are launch-bound)
+    env.setdefault("TRITON_DISPATCH_BENCH_GRAPHS", "1")
     if mode == "autotuned":
         env["TRITON_DISPATCH_AUTOTUNE"] = "1"
     elif mode == "bounded":  # an empty cache of its own: the short tune runs and keeps its picks

@@ -91,6 +91,31 @@ def test_cuda_facts_and_timing():
     assert rec.ours_ms > 0 and rec.ours_peak_bytes >= 4 << 20
 
 
+@pytest.mark.gpu
+def test_graph_timing_sees_the_kernels_past_the_launches(monkeypatch):
+    """``TRITON_DISPATCH_BENCH_GRAPHS=1``: a call of a few microseconds is timed as graph replays
+    (below the host's launch time that ``do_bench`` sees); a call with a host sync inside
+    cannot be captured and is timed as before."""
+    from triton_dispatch.bench import median_ms
+
+    x = torch.randn(1024, device="cuda")
+
+    def launches():
+        for _ in range(20):
+            x.add_(1.0)
+
+    plain = median_ms(launches, device="cuda")
+    monkeypatch.setenv("TRITON_DISPATCH_BENCH_GRAPHS", "1")
+    graphed = median_ms(launches, device="cuda")
+    assert 0 < graphed < plain
+    assert median_ms(lambda: x.sum().item(), device="cuda") > 0
+
+
+def test_graph_timing_is_a_cuda_setting(monkeypatch):
+    monkeypatch.setenv("TRITON_DISPATCH_BENCH_GRAPHS", "1")
+    assert median_ms(lambda: sum(range(100)), device="cpu", warmup=5, rep=30) > 0
+
+
 def test_wall_time_per_call_counts_every_call():
     from triton_dispatch.bench import wall_ms_per_call
 

@@ -27,6 +27,10 @@ from .device import device_facts
 #: ``0`` times ``ours`` alone in :func:`compare` (comparisons of our own configurations, such as
 #: the launch tables against autotuning, need no baseline and skip its compiles).
 BASELINES_ENV_VAR = "TRITON_DISPATCH_BENCH_BASELINES"
+#: ``1`` times CUDA calls as replays of a CUDA graph of many calls (:func:`median_ms`): the
+#: kernels' own time, which ``do_bench``'s events cannot see past the host's launches on calls
+#: of a few microseconds (comparisons of launch configurations need it there).
+GRAPHS_ENV_VAR = "TRITON_DISPATCH_BENCH_GRAPHS"
 
 
 def synchronize(device: torch.device | str | None) -> None:
@@ -44,12 +48,19 @@ def median_ms(
     """Median milliseconds of ``fn()``.
 
     On CUDA ``warmup`` and ``rep`` are milliseconds of ``do_bench`` (as Triton defines them); on the
-    host they are counts of calls.
+    host they are counts of calls. With ``TRITON_DISPATCH_BENCH_GRAPHS=1`` a CUDA call is timed by
+    ``do_bench_cudagraph`` (many calls captured in one graph; a call that cannot be captured
+    falls back to ``do_bench``).
     """
     device = torch.device(device)
     if device.type == "cuda":
         import triton.testing
 
+        if os.environ.get(GRAPHS_ENV_VAR, "0").strip() == "1":
+            try:
+                return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+            except Exception:  # a host sync or a host tensor inside: not capturable
+                torch.cuda.synchronize(device)
         return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
     for _ in range(max(warmup // 5, 1)):
         fn()

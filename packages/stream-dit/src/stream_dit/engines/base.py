@@ -17,6 +17,10 @@ class Engine(Protocol):
         reuses_output: True when the tensor ``forward`` returns is overwritten by the next call
             (CUDA graphs, TensorRT bindings): callers must copy it before calling again.
         device: where inputs must live.
+
+    An engine whose ``forward`` also takes ``conditioned_rows=k`` (the rows from ``k`` on have
+    no conditioning tokens) says so with a true ``takes_conditioned_rows`` attribute; the session
+    passes it only then.
     """
 
     max_batch: int

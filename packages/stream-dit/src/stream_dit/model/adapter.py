@@ -22,6 +22,10 @@ class DenoiserAdapter(Protocol):
     and returns the velocity ``dx/dt`` ``(B, T, C)`` in float32. Rows are independent: a row's
     output must not depend on the other rows of the batch (the runtime relies on it to batch
     unrelated requests and to split CFG into two passes).
+
+    An adapter whose ``forward`` also takes ``conditioned_rows=k`` (a promise that the rows
+    from ``k`` on have no conditioning tokens) says so with a true ``takes_conditioned_rows``
+    attribute; :class:`~stream_dit.engines.TorchEngine` passes it on only then.
     """
 
     latent_channels: int
