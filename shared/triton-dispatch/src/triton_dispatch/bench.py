@@ -27,10 +27,15 @@ from .device import device_facts
 #: ``0`` times ``ours`` alone in :func:`compare` (comparisons of our own configurations, such as
 #: the launch tables against autotuning, need no baseline and skip its compiles).
 BASELINES_ENV_VAR = "TRITON_DISPATCH_BENCH_BASELINES"
-#: ``1`` times CUDA calls as replays of a CUDA graph of many calls (:func:`median_ms`): the
-#: kernels' own time, which ``do_bench``'s events cannot see past the host's launches on calls
-#: of a few microseconds (comparisons of launch configurations need it there).
+#: ``1`` times short CUDA calls as replays of a CUDA graph of many calls (:func:`median_ms`):
+#: the kernels' own time, which ``do_bench``'s events cannot see past the host's launches on
+#: calls of a few microseconds (comparisons of launch configurations need it there).
 GRAPHS_ENV_VAR = "TRITON_DISPATCH_BENCH_GRAPHS"
+#: Calls ``do_bench`` times under this many ms are timed as graph replays with
+#: ``TRITON_DISPATCH_BENCH_GRAPHS=1``. Longer ones keep ``do_bench``: its L2 flush between
+#: calls is what a read-bound call meets in use, and back-to-back replays would find its data
+#: in L2.
+GRAPHS_BELOW_MS = 0.02
 
 
 def synchronize(device: torch.device | str | None) -> None:
@@ -48,20 +53,21 @@ def median_ms(
     """Median milliseconds of ``fn()``.
 
     On CUDA ``warmup`` and ``rep`` are milliseconds of ``do_bench`` (as Triton defines them); on the
-    host they are counts of calls. With ``TRITON_DISPATCH_BENCH_GRAPHS=1`` a CUDA call is timed by
-    ``do_bench_cudagraph`` (many calls captured in one graph; a call that cannot be captured
-    falls back to ``do_bench``).
+    host they are counts of calls. With ``TRITON_DISPATCH_BENCH_GRAPHS=1`` a CUDA call that
+    ``do_bench`` times under :data:`GRAPHS_BELOW_MS` is timed again by ``do_bench_cudagraph``
+    (many calls captured in one graph; a call that cannot be captured keeps ``do_bench``'s time).
     """
     device = torch.device(device)
     if device.type == "cuda":
         import triton.testing
 
-        if os.environ.get(GRAPHS_ENV_VAR, "0").strip() == "1":
+        ms = float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+        if ms < GRAPHS_BELOW_MS and os.environ.get(GRAPHS_ENV_VAR, "0").strip() == "1":
             try:
                 return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
             except Exception:  # a host sync or a host tensor inside: not capturable
                 torch.cuda.synchronize(device)
-        return float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+        return ms
     for _ in range(max(warmup // 5, 1)):
         fn()
     times = []
