@@ -209,12 +209,16 @@ class FusedAceStep:
         tables = torch.cat([layer.scale_shift_table for layer in layers])
         mods = tables + timestep_proj[:, None]
         out_shift, out_scale = (m.scale_shift_table + temb.unsqueeze(1)).unbind(1)
-        # (B, L, blocks, 2·Hkv·d): each block's keys then values of the conditioning tokens
-        cross_kv = F.linear(encoder[:split], self.cross_kv, self.cross_kv_bias)
-        cross_kv = cross_kv.unflatten(-1, (len(layers), -1))
-        if split < rows:  # the rows after the split read their first token's values alone
-            null_kv = F.linear(encoder[split:, 0], self.cross_kv, self.cross_kv_bias)
-            null_kv = null_kv.unflatten(-1, (len(layers), 2, kv_heads, d))
+        # (B, L, blocks, 2·Hkv·d): each block's keys then values of the conditioning tokens;
+        # the rows after the split need their first token's alone (the same GEMM: its weight
+        # is read once)
+        length = encoder.shape[1]
+        tokens = encoder[:split].flatten(0, 1)
+        if split < rows:
+            tokens = torch.cat([tokens, encoder[split:, 0]])
+        kv = F.linear(tokens, self.cross_kv, self.cross_kv_bias)
+        cross_kv = kv[: split * length].view(split, length, len(layers), kv.shape[-1] // len(layers))
+        null_kv = kv[split * length :].view(rows - split, len(layers), 2, kv_heads, d)
         # torch.compile traces the bfloat16 path (the quantized weights are kept by identity)
         fp8 = (
             self.fp8
