@@ -8,7 +8,7 @@ import torch
 
 from triton_dispatch import next_power_of_2
 
-from ..model.adapter import DenoiserAdapter
+from ..model.adapter import DenoiserAdapter, check_conditioned_rows
 from .base import round_up
 
 Mode = Literal["auto", "eager", "compile", "graphs", "compile-graphs"]
@@ -151,14 +151,7 @@ class TorchEngine:
         from this index on have no conditioning tokens (their ``states_mask`` is all False);
         an adapter that takes it skips their cross-attention (``None``: no promise)."""
         self._check(x, states)
-        b = x.shape[0]
-        if conditioned_rows is not None and (
-            isinstance(conditioned_rows, bool)
-            or not isinstance(conditioned_rows, int)
-            or not 0 <= conditioned_rows <= b
-        ):
-            raise ValueError(f"conditioned_rows must be an int in [0, {b}] or None, "
-                             f"got {conditioned_rows!r}")  # fmt: skip
+        check_conditioned_rows(conditioned_rows, x.shape[0])
         if not self._graphed:
             if self._bucketed:
                 return self._padded_call(x, t, states, states_mask, frame_mask, context,

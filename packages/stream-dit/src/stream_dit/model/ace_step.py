@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .adapter import check_conditioned_rows
+
 try:
     from diffusers.models.embeddings import get_1d_rotary_pos_embed
     from diffusers.models.transformers import ace_step_transformer as _ace
@@ -209,11 +211,7 @@ class AceStepAdapter(nn.Module):
         m = self.transformer
         dtype = self.dtype
         b = x.shape[0]
-        if conditioned_rows is not None and (
-            not isinstance(conditioned_rows, int) or not 0 <= conditioned_rows <= b
-        ):
-            raise ValueError(f"conditioned_rows must be an int in [0, {b}] or None, "
-                             f"got {conditioned_rows!r}")  # fmt: skip
+        check_conditioned_rows(conditioned_rows, b)
         frames = x.shape[1]
         p = self.patch
         fused = None

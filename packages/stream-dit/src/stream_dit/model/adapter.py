@@ -41,3 +41,18 @@ class DenoiserAdapter(Protocol):
         frame_mask: torch.Tensor | None = None,
         context: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
+
+
+def check_conditioned_rows(conditioned_rows: int | None, rows: int) -> None:
+    """The ``conditioned_rows`` promise of a batch of ``rows``: ``None`` or an int in
+    ``[0, rows]`` (a ``ValueError`` naming it otherwise)."""
+    if conditioned_rows is None:
+        return
+    if (
+        isinstance(conditioned_rows, bool)
+        or not isinstance(conditioned_rows, int)
+        or not 0 <= conditioned_rows <= rows
+    ):
+        raise ValueError(
+            f"conditioned_rows must be an int in [0, {rows}] or None, got {conditioned_rows!r}"
+        )
