@@ -6,7 +6,10 @@ space on its first call), and the ``ours`` column of each case is compared (GPU 
 ``do_bench`` and wall time per call). ``--bounded`` adds a third run with the short tune on and
 an empty tuning cache (what a card without a table of its own gets on its first calls). A script
 with a row more than ``--threshold`` slower with the table runs again in both modes
-(``--rechecks`` rounds), and each mode keeps its faster time of each case.
+(``--rechecks`` rounds), and each mode keeps its faster time of each case. Each row says
+whether the script's tuned kernels took the same config for every regime in both runs
+(``same_configs``; the regimes that differ are listed per script): a gap between runs that
+launched the same kernels is the processes', not the table's.
 
     python3 tools/gpu/table_vs_autotune.py --out table_vs_autotune.json \\
         packages/vq-kernels/benchmarks/quantize.py packages/tomo-kplanes/benchmarks/training_step.py
@@ -30,7 +33,9 @@ MODES = ("table", "autotuned", "bounded")
 
 
 def run(script: Path, mode: str, out: Path, timeout: int) -> list[dict]:
-    """The records of one run of ``script`` with configs from ``mode`` (one of :data:`MODES`)."""
+    """The records of one run of ``script`` with configs from ``mode`` (one of :data:`MODES`);
+    the run's tuned choices (``triton_dispatch.bench.tuned_choices``) are left in
+    ``out``'s JSON (:func:`choices`)."""
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)
     env.pop("TRITON_DISPATCH_AUTOTUNE", None)
@@ -52,6 +57,23 @@ def run(script: Path, mode: str, out: Path, timeout: int) -> list[dict]:
     if proc.returncode != 0 or not out.is_file():
         raise RuntimeError(f"{script} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     return json.loads(out.read_text())["records"]
+
+
+def choices(out: Path) -> dict[str, dict[str, str]]:
+    """The tuned kernels' config per regime that the run writing ``out`` took."""
+    return json.loads(out.read_text()).get("choices", {})
+
+
+def differing_choices(table: dict, tuned: dict) -> list[str]:
+    """``kernel regime`` of every regime both runs met and configured differently: none means
+    both runs launched the same kernels, and a time that differs is the processes', not the
+    table's."""
+    return [
+        f"{kernel} {regime}"
+        for kernel, picks in table.items()
+        for regime, config in picks.items()
+        if regime in tuned.get(kernel, {}) and tuned[kernel][regime] != config
+    ]
 
 
 def _case(record: dict) -> str:
@@ -79,6 +101,12 @@ def _faster(first: list[dict], second: list[dict]) -> list[dict]:
     return merged
 
 
+def _write(out: Path, rows: list, errors: list, differs: dict) -> None:
+    out.write_text(
+        json.dumps({"rows": rows, "errors": errors, "differing_choices": differs}, indent=1)
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scripts", nargs="+", type=Path)
@@ -92,12 +120,17 @@ def main() -> None:
                         help="extra rounds of both runs for a script with a row above --threshold")  # fmt: skip
     args = parser.parse_args()
     rows, errors = [], []
+    differs: dict[str, list[str]] = {}  # per script: the regimes configured differently
     with tempfile.TemporaryDirectory() as tmp:
         for script in args.scripts:
             start = time.perf_counter()
             try:
                 table = run(script, "table", Path(tmp) / "table.json", args.timeout)
                 tuned = run(script, "autotuned", Path(tmp) / "tuned.json", args.timeout)
+                differ = differing_choices(
+                    choices(Path(tmp) / "table.json"), choices(Path(tmp) / "tuned.json")
+                )
+                differs[script.name] = differ
                 for _ in range(args.rechecks):
                     if _worst_ratio(table, tuned) <= args.threshold:
                         break
@@ -127,14 +160,16 @@ def main() -> None:
                     "table_wall_ms": r.get("ours_wall_ms"), "autotuned_wall_ms": t.get("ours_wall_ms"),
                     "table_over_autotuned": r["ours_ms"] / t["ours_ms"],
                     "bounded_ms": b.get("ours_ms"),
+                    # the script's tuned regimes all took the same config in both runs
+                    "same_configs": not differ,
                 })  # fmt: skip
             print(f"{script.name}: {time.perf_counter() - start:.0f} s", flush=True)
             # after every script, so a run cut short keeps what it measured
-            args.out.write_text(json.dumps({"rows": rows, "errors": errors}, indent=1))
-    args.out.write_text(json.dumps({"rows": rows, "errors": errors}, indent=1))
+            _write(args.out, rows, errors, differs)
+    _write(args.out, rows, errors, differs)
     print("| script | case | table ms | autotuned ms | table / autotuned | wall: table, autotuned "
-          "| short tune ms |")  # fmt: skip
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "| short tune ms | configs |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         walls = ", ".join(
             f"{w:.3f}" if w else "-" for w in (r["table_wall_ms"], r["autotuned_wall_ms"])
@@ -142,7 +177,11 @@ def main() -> None:
         shape = ", ".join(f"{k}={v}" for k, v in r["shape"].items())
         short = f"{r['bounded_ms']:.4f}" if r["bounded_ms"] else "-"
         print(f"| {r['script']} | {r['case']} ({shape}) | {r['table_ms']:.4f} | {r['autotuned_ms']:.4f} | "
-              f"{r['table_over_autotuned']:.3f} | {walls} | {short} |")  # fmt: skip
+              f"{r['table_over_autotuned']:.3f} | {walls} | {short} | "
+              f"{'same' if r['same_configs'] else 'differ'} |")  # fmt: skip
+    for name, differ in differs.items():
+        if differ:
+            print(f"{name}: {len(differ)} regimes configured differently, e.g. {differ[0]}")
     for e in errors:
         print(f"ERROR {e['script']}: {e['error'][-600:]}")
 

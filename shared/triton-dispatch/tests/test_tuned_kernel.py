@@ -278,3 +278,23 @@ def test_forgetting_the_regimes_benchmarks_them_again_and_keeps_every_timing(tmp
         assert all(len(t) == len(SPACE) for t in kernel.timings[key])
     finally:
         set_autotune(None, "fake_kernels")
+
+
+def test_benchmark_json_names_each_regimes_config(monkeypatch, tmp_path):
+    """What ``tools/gpu/table_vs_autotune.py`` compares between its two runs of a script: the
+    config each regime took (on a GPU the first call fills the kernel's regime cache; the
+    interpreter runs one config and keeps none, so the test selects as that call would)."""
+    from triton_dispatch.bench import BenchRecord, tuned_choices, write_json
+
+    kernel = _kernel(monkeypatch, [_row(1024, False, 128, 8, 3)])
+    named = _key(1024, False)
+    regime = kernel.regime_key({**named, "X": torch.zeros(1), "Y": torch.zeros(1)})
+    kernel.cache[regime] = kernel.select(named, (9, 0))[0]
+    picks = tuned_choices()["fake_kernels._scale_kernel"]
+    ((text, config),) = picks.items()
+    assert json.loads(text) == {"N_BUCKET": 1024, "FLAG": False, "X": "torch.float32",
+                                "Y": "torch.float32"}  # fmt: skip
+    settings = json.loads(config)
+    assert (settings["BLOCK"], settings["num_warps"], settings["num_stages"]) == (128, 8, 3)
+    path = write_json([BenchRecord("x", {}, "none", None, 1.0)], tmp_path / "r.json")
+    assert json.loads(path.read_text())["choices"]["fake_kernels._scale_kernel"] == picks

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from . import autotune_mode
 from .device import device_facts
 
 #: ``0`` times ``ours`` alone in :func:`compare` (comparisons of our own configurations, such as
@@ -460,13 +461,43 @@ def format_table(records: Iterable[BenchRecord]) -> str:
     return "\n".join(lines)
 
 
+def tuned_choices() -> dict[str, dict[str, str]]:
+    """The launch config every tuned kernel of this process took for each regime it met,
+    ``{"package.kernel": {regime: config}}`` (both as sorted JSON text): what two runs of one
+    script compare to tell whether they launched the same kernels (a time that differs between
+    runs that chose alike is the runs', not the configs')."""
+    choices: dict[str, dict[str, str]] = {}
+    for kernel in autotune_mode.tuned_kernels():
+        picks = {
+            json.dumps(dict(regime), sort_keys=True, default=str): json.dumps(
+                _config_settings(config), sort_keys=True, default=str
+            )
+            for regime, config in dict(kernel.cache).items()
+        }
+        if picks:
+            choices[f"{kernel.package}.{kernel.name}"] = picks
+    return choices
+
+
+def _config_settings(config: Any) -> dict[str, Any]:
+    """A Triton ``Config``'s launch settings (its meta-parameters, warps, stages, CTAs)."""
+    if hasattr(config, "all_kwargs"):
+        return dict(config.all_kwargs())
+    return {"config": str(config)}
+
+
 def write_json(
     records: Sequence[BenchRecord], path: str | Path, *, meta: Mapping[str, Any] | None = None
 ) -> Path:
-    """Write ``records`` (and optional metadata such as the command line) to ``path`` as JSON."""
+    """Write ``records`` (and optional metadata such as the command line) to ``path`` as JSON,
+    with the tuned kernels' choices of this process (:func:`tuned_choices`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = {"meta": dict(meta or {}), "records": [r.to_json() for r in records]}
+    payload = {
+        "meta": dict(meta or {}),
+        "records": [r.to_json() for r in records],
+        "choices": tuned_choices(),
+    }
     path.write_text(json.dumps(payload, indent=2, default=str))
     return path
 
