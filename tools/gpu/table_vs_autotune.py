@@ -6,7 +6,8 @@ space on its first call), and the ``ours`` column of each case is compared (GPU 
 ``do_bench`` and wall time per call). ``--bounded`` adds a third run with the short tune on and
 an empty tuning cache (what a card without a table of its own gets on its first calls). A script
 with a row more than ``--threshold`` slower with the table runs again in both modes
-(``--rechecks`` rounds), and each mode keeps its faster time of each case. Each row says
+(``--rechecks`` rounds, unless both runs launched the same configs), and each mode keeps its
+faster time of each case. Each row says
 whether the script's tuned kernels took the same config for every regime in both runs
 (``same_configs``; the regimes that differ are listed per script): a gap between runs that
 launched the same kernels is the processes', not the table's.
@@ -42,7 +43,7 @@ def run(script: Path, mode: str, out: Path, timeout: int) -> list[dict]:
     env["TRITON_DISPATCH_TUNING_CACHE"] = "0"  # tune now, not from an earlier run's files
     env["TRITON_DISPATCH_BOUNDED_TUNE"] = "0"
     env["TRITON_DISPATCH_BENCH_BASELINES"] = "0"  # only our own times are compared
-    # the kernels' time, not the host's launches (calls of a few microseconds are launch-bound)
+    # the kernels' time (a graph of one call, L2 flushed), not the host's launches
     env.setdefault("TRITON_DISPATCH_BENCH_GRAPHS", "1")
     if mode == "autotuned":
         env["TRITON_DISPATCH_AUTOTUNE"] = "1"
@@ -132,8 +133,8 @@ def main() -> None:
                 )
                 differs[script.name] = differ
                 for _ in range(args.rechecks):
-                    if _worst_ratio(table, tuned) <= args.threshold:
-                        break
+                    if not differ or _worst_ratio(table, tuned) <= args.threshold:
+                        break  # the same configs launched: nothing of the table's to recheck
                     # a second process of each: a row's time moves between processes (clocks, the
                     # host), so each mode keeps its faster run of the case
                     table = _faster(

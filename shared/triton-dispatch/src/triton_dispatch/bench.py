@@ -28,15 +28,13 @@ from .device import device_facts
 #: ``0`` times ``ours`` alone in :func:`compare` (comparisons of our own configurations, such as
 #: the launch tables against autotuning, need no baseline and skip its compiles).
 BASELINES_ENV_VAR = "TRITON_DISPATCH_BENCH_BASELINES"
-#: ``1`` times short CUDA calls as replays of a CUDA graph of many calls (:func:`median_ms`):
-#: the kernels' own time, which ``do_bench``'s events cannot see past the host's launches on
-#: calls of a few microseconds (comparisons of launch configurations need it there).
+#: ``1`` times each CUDA call as the replay of a CUDA graph of that one call, with ``do_bench``'s
+#: L2 flush before every replay (:func:`median_ms`): the kernels' own time, which ``do_bench``'s
+#: events cannot see past the host on calls whose launches take longer than their kernels (a
+#: few microseconds of work, or an op of several launches with Python between them), while a
+#: read-bound call still meets cold L2 as it does in use. Comparisons of launch configurations
+#: need it: two processes' hosts differ more than two configs' kernels.
 GRAPHS_ENV_VAR = "TRITON_DISPATCH_BENCH_GRAPHS"
-#: Calls ``do_bench`` times under this many ms are timed as graph replays with
-#: ``TRITON_DISPATCH_BENCH_GRAPHS=1``. Longer ones keep ``do_bench``: its L2 flush between
-#: calls is what a read-bound call meets in use, and back-to-back replays would find its data
-#: in L2.
-GRAPHS_BELOW_MS = 0.02
 
 
 def synchronize(device: torch.device | str | None) -> None:
@@ -54,20 +52,21 @@ def median_ms(
     """Median milliseconds of ``fn()``.
 
     On CUDA ``warmup`` and ``rep`` are milliseconds of ``do_bench`` (as Triton defines them); on the
-    host they are counts of calls. With ``TRITON_DISPATCH_BENCH_GRAPHS=1`` a CUDA call that
-    ``do_bench`` times under :data:`GRAPHS_BELOW_MS` is timed again by ``do_bench_cudagraph``
-    (many calls captured in one graph; a call that cannot be captured keeps ``do_bench``'s time).
+    host they are counts of calls. With ``TRITON_DISPATCH_BENCH_GRAPHS=1`` a CUDA call is timed
+    as the replay of a graph of one call (:data:`GRAPHS_ENV_VAR`); a call that cannot be
+    captured (a host sync, a host tensor) keeps ``do_bench``'s time of the call itself.
     """
     device = torch.device(device)
     if device.type == "cuda":
         import triton.testing
 
         ms = float(triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-        if ms < GRAPHS_BELOW_MS and os.environ.get(GRAPHS_ENV_VAR, "0").strip() == "1":
-            try:
-                return float(triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
-            except Exception:  # a host sync or a host tensor inside: not capturable
-                torch.cuda.synchronize(device)
+        if os.environ.get(GRAPHS_ENV_VAR, "0").strip() == "1":
+            graph = _one_call_graph(fn, device)
+            if graph is not None:
+                replay = triton.testing.do_bench(graph.replay, warmup=warmup, rep=rep,
+                                                 return_mode="median")  # fmt: skip
+                return float(replay)
         return ms
     for _ in range(max(warmup // 5, 1)):
         fn()
@@ -77,6 +76,19 @@ def median_ms(
         fn()
         times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
+
+
+def _one_call_graph(fn: Callable[[], Any], device: torch.device) -> torch.cuda.CUDAGraph | None:
+    """A CUDA graph of one call of ``fn`` (already warm: its regimes chosen, its kernels
+    compiled), or ``None`` when the call cannot be captured."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # a host sync or a host tensor inside: not capturable
+        torch.cuda.synchronize(device)
+        return None
+    return graph
 
 
 def wall_ms_per_call(
