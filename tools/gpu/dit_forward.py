@@ -328,39 +328,18 @@ def alternating(args, adapter, rate: float) -> list:
     from stream_dit.profiler import linear_flops
 
     adapter.fused = True
-    fused_model = adapter.prepare()
-
-    def call(engine, inputs, kwargs, halves):
-        fused_model.micro_batches = halves  # read by eager calls and by a graph's capture
-        return engine.forward(*inputs[:4], **kwargs)
-
     variants = []
-    for rows, guided, mode, halves in itertools.product(
-        [int(r) for r in args.rows.split(",")], args.guided.split(","), args.modes.split(","),
-        [int(h) for h in args.micro_batches.split(",")],
-    ):  # fmt: skip
+    for rows, guided, mode in itertools.product([int(r) for r in args.rows.split(",")],
+                                                args.guided.split(","), args.modes.split(",")):  # fmt: skip
         inputs = make_inputs(rows, args.frames, 64, adapter, guided=guided == "on")
         kwargs = {"conditioned_rows": rows // 2} if guided == "on" else {}
         engine = TorchEngine(adapter, max_batch=rows, max_frames=args.frames, max_cond_len=64,
                              mode=mode)  # fmt: skip
         with torch.no_grad():
-            call(engine, inputs, kwargs, halves)
+            engine.forward(*inputs[:4], **kwargs)
         variants.append({"rows": rows, "guided": guided == "on", "mode": mode, "engine": engine,
-                         "micro_batches": halves,
-                         "call": lambda e=engine, i=inputs, k=kwargs, h=halves: call(e, i, k, h),
+                         "call": lambda e=engine, i=inputs, k=kwargs: e.forward(*i[:4], **k),
                          "flops": linear_flops(adapter, *inputs), "gpu_ms": [], "wall_ms": []})  # fmt: skip
-    with torch.no_grad():  # the halves' output against the one batch's, same engine mode
-        outputs = {}
-        for v in variants:
-            outputs[(v["rows"], v["guided"], v["mode"], v["micro_batches"])] = v["call"]().float()
-        for v in variants:
-            one = outputs.get((v["rows"], v["guided"], v["mode"], 1))
-            if v["micro_batches"] != 1 and one is not None:
-                got = outputs[(v["rows"], v["guided"], v["mode"], v["micro_batches"])]
-                v["rel_err_vs_one_batch"] = ((got - one).norm() / one.norm()).item()
-                print(f"rows={v['rows']} guided={v['guided']} {v['mode']} halves: relative "
-                      f"error against one batch {v['rel_err_vs_one_batch']:.2e}", flush=True)
-        del outputs
     for r in range(args.rounds):
         for v in variants:
             with torch.no_grad():
@@ -368,21 +347,18 @@ def alternating(args, adapter, rate: float) -> list:
             v["gpu_ms"].append(ms)
             v["wall_ms"].append(wall)
             print(f"round {r} rows={v['rows']} guided={v['guided']!s:5s} {v['mode']:7s} "
-                  f"halves={v['micro_batches']} {ms:8.2f} ms (wall {wall:8.2f})", flush=True)  # fmt: skip
+                  f"{ms:8.2f} ms (wall {wall:8.2f})", flush=True)  # fmt: skip
     out = []
     for v in variants:
         med = statistics.median(v["gpu_ms"])
-        rec = {k: v[k] for k in ("rows", "guided", "mode", "micro_batches", "gpu_ms", "wall_ms")}
-        rec["rel_err_vs_one_batch"] = v.get("rel_err_vs_one_batch")
+        rec = {k: v[k] for k in ("rows", "guided", "mode", "gpu_ms", "wall_ms")}
         rec.update(median_ms=med, median_wall_ms=statistics.median(v["wall_ms"]),
                    tflops=v["flops"] / med / 1e9, of_gemm_rate=v["flops"] / med / 1e9 / rate)
         out.append(rec)
-        print(f"median rows={v['rows']} guided={v['guided']!s:5s} {v['mode']:7s} "
-              f"halves={v['micro_batches']} {med:8.2f} ms "
+        print(f"median rows={v['rows']} guided={v['guided']!s:5s} {v['mode']:7s} {med:8.2f} ms "
               f"[{min(v['gpu_ms']):.2f}-{max(v['gpu_ms']):.2f}] wall {rec['median_wall_ms']:.2f}"
               f" {rec['tflops']:.0f} TFLOP/s {100 * rec['of_gemm_rate']:.0f}%", flush=True)  # fmt: skip
     del variants
-    fused_model.micro_batches = 1
     adapter.fused = None
     torch.cuda.empty_cache()
     return out
@@ -403,8 +379,6 @@ def main() -> None:
                     help="profile one forward per record: span, kernel time and idle gaps")
     ap.add_argument("--fold", default="default",
                     help="cross-value fold variants to time: default, on, off (comma-separated)")
-    ap.add_argument("--micro-batches", default="1",
-                    help="with --rounds: 1, 2 (the rows as two halves on two streams), or both")
     ap.add_argument("--fp8", default="off",
                     help="FP8 projection variants to time: off, on (comma-separated)")
     ap.add_argument("--guided", default="off",

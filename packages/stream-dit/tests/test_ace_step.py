@@ -224,35 +224,6 @@ def test_rows_without_tokens_skip_their_cross_attention(seed, fold, out_bias, co
         fused(x, t, states, states_mask, frame_mask, context, conditioned_rows=5)
 
 
-@pytest.mark.parametrize("conditioned", [None, 1, 3], ids=["all", "first-half", "second-half"])
-def test_two_halves_match_one_batch(seed, conditioned, monkeypatch):
-    """``micro_batches=2``: the rows run as two halves through every block (on two streams on
-    CUDA); each half takes its own rows' conditioning keys and values and null rows (here the
-    rows without tokens end inside the first half, inside the second, or nowhere), and the
-    batch's output is the one-batch path's."""
-    from stream_dit.model import ace_step_fused
-
-    monkeypatch.setenv(ace_step_fused.MICRO_BATCH_ENV_VAR, "2")
-    fused = build_ace_step("tiny", seed=seed % 1000, fused=True)
-    x, t, states, states_mask, frame_mask, context = _fused_inputs(seed)
-    if conditioned is not None:
-        states_mask[conditioned:] = False
-    halves = []
-    real_stack = ace_step_fused.FusedAceStep._stack
-    monkeypatch.setattr(ace_step_fused.FusedAceStep, "_stack",
-                        lambda self, *a: halves.append((a[0].shape[0], a[-3]))
-                        or real_stack(self, *a))  # fmt: skip
-    with torch.no_grad():
-        got = fused(x, t, states, states_mask, frame_mask, context, conditioned_rows=conditioned)
-        assert fused.prepare().micro_batches == 2
-        fused.prepare().micro_batches = 1
-        one = fused(x, t, states, states_mask, frame_mask, context, conditioned_rows=conditioned)
-    split = 4 if conditioned is None else conditioned
-    assert halves == [(2, min(split, 2)), (2, max(split - 2, 0)), (4, split)]
-    torch.testing.assert_close(_real(got, frame_mask), _real(one, frame_mask), **TOL)
-    assert torch.isfinite(got).all()
-
-
 def test_guided_session_skips_the_null_rows_cross_attention(seed, monkeypatch):
     """A session of guided requests on the fused path: its ticks pass the engine the number of
     leading rows with tokens (negatives without a prompt come last and have none), and each
@@ -453,26 +424,3 @@ def test_engines_match_eager_on_gpu(mode):
     for got, want in zip(out[mode], out["eager"], strict=True):
         assert torch.isfinite(got).all()
         assert relative_distance(got, want) < 5e-2, relative_distance(got, want)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["eager", "graphs"])
-def test_two_halves_on_two_streams_serve_like_one_batch_on_gpu(mode, monkeypatch):
-    """``STREAM_DIT_MICRO_BATCHES=2``: the rows run as two halves on two CUDA streams (captured
-    into one graph in ``graphs`` mode) and a CFG session serves what the one-batch path does;
-    float32, so a race between the streams would show beyond rounding."""
-    from stream_dit.model import ace_step_fused
-
-    out = {}
-    for halves in ("1", "2"):
-        monkeypatch.setenv(ace_step_fused.MICRO_BATCH_ENV_VAR, halves)
-        model = build_ace_step("small", seed=0, device="cuda", dtype=torch.float32)
-        engine = TorchEngine(model, max_batch=8, max_frames=128, max_cond_len=32, mode=mode)
-        session = StreamSession(model, engine, depth=4)
-        handles = [session.submit(r) for r in _gpu_requests(6, model.cond_dim, cfg=True)]
-        session.run_until_idle()
-        out[halves] = [h.result for h in handles]
-        assert model.prepare().micro_batches == int(halves)
-    for got, want in zip(out["2"], out["1"], strict=True):
-        assert torch.isfinite(got).all()
-        assert relative_distance(got, want) < 1e-4, relative_distance(got, want)

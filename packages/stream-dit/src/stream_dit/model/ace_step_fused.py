@@ -58,8 +58,6 @@ from ..ops.swiglu import swiglu, swiglu_fp8
 FOLD_ENV_VAR = "STREAM_DIT_FOLD_CROSS_VALUES"
 #: ``1`` turns :attr:`FusedAceStep.fp8` on (off by default).
 FP8_ENV_VAR = "STREAM_DIT_FP8"
-#: ``2`` turns :attr:`FusedAceStep.micro_batches` to two halves on two streams (1 by default).
-MICRO_BATCH_ENV_VAR = "STREAM_DIT_MICRO_BATCHES"
 
 
 @dataclass
@@ -121,10 +119,6 @@ class FusedAceStep:
         #: once. On CUDA it takes bfloat16 models; ``STREAM_DIT_FP8=1`` turns it on.
         self.fp8 = os.environ.get(FP8_ENV_VAR, "0").strip() == "1"
         self._fp8_weights: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
-        #: ``2`` runs the rows of a CUDA forward as two halves on two streams (:meth:`blocks`);
-        #: ``STREAM_DIT_MICRO_BATCHES`` sets it (1 by default).
-        self.micro_batches = 2 if os.environ.get(MICRO_BATCH_ENV_VAR, "1").strip() == "2" else 1
-        self._streams: dict = {}
 
     def _weight_pointers(self) -> tuple[int, ...]:
         return tuple(lin.weight.data_ptr() for _, group in self._stacks for lin in group)
@@ -203,15 +197,14 @@ class FusedAceStep:
         first (the null condition of CFG's unconditional rows and of padded rows). Their
         cross-attention is then that token's value through the output projection for every
         query (a softmax over one key is 1): they skip the query projection and the attention.
-        ``None``: every row runs them.
-
-        With :attr:`micro_batches` at 2 (not traced) the rows run as two halves, each through
-        every block, on two streams on CUDA (eager or captured): the halves are independent, so
-        one half's memory-bound passes can run beside the other's GEMMs."""
+        ``None``: every row runs them."""
         m = self.transformer
-        rows = hidden.shape[0]
+        rows, n = hidden.shape[:2]
         split = rows if conditioned_rows is None else max(0, min(int(conditioned_rows), rows))
         layers = m.layers
+        first = layers[0].self_attn
+        heads, kv_heads, d = first.heads, first.kv_heads, first.head_dim
+        cos, sin = self.rotary(n, hidden.device)
         # (B, L, 6, D): shift, scale, gate of self-attention, then of the MLP, per block
         tables = torch.cat([layer.scale_shift_table for layer in layers])
         mods = tables + timestep_proj[:, None]
@@ -220,90 +213,18 @@ class FusedAceStep:
         # the rows after the split need their first token's alone (the same GEMM: its weight
         # is read once)
         length = encoder.shape[1]
-        kv_heads, d = layers[0].self_attn.kv_heads, layers[0].self_attn.head_dim
         tokens = encoder[:split].flatten(0, 1)
         if split < rows:
             tokens = torch.cat([tokens, encoder[split:, 0]])
         kv = F.linear(tokens, self.cross_kv, self.cross_kv_bias)
         cross_kv = kv[: split * length].view(split, length, len(layers), kv.shape[-1] // len(layers))
         null_kv = kv[split * length :].view(rows - split, len(layers), 2, kv_heads, d)
-        per_row = (hidden, mods, out_scale, out_shift, key_mask, encoder_mask)
-        cos, sin = self.rotary(hidden.shape[1], hidden.device)
-
-        def stack(lo: int, hi: int) -> torch.Tensor:
-            """Rows ``[lo, hi)`` through every block."""
-            part = [None if t is None else t[lo:hi] for t in per_row]
-            cond = (min(hi, split) - lo) if lo < split else 0
-            kv_part = cross_kv[lo : lo + cond]
-            null_part = null_kv[max(lo, split) - split : hi - split]
-            return self._stack(*part, kv_part, null_part, cond, cos, sin)
-
-        if not self._splits(hidden):
-            return stack(0, rows)
-        if self._fp8_path(hidden):
-            # quantized here, on this stream: a lazy first quantization on one stream would
-            # race with the other stream's read
-            for w in self._fp8_weight_list():
-                self.fp8_weight(w)
-        half = rows // 2
-        if not hidden.is_cuda:  # the same halves, one after the other
-            return torch.cat([stack(0, half), stack(half, rows)])
-        main = torch.cuda.current_stream(hidden.device)
-        side = self._side_stream(hidden.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            second = stack(half, rows)
-        first = stack(0, half)
-        main.wait_stream(side)
-        # Every input of the side stream's work is alive until this returns, and every later
-        # use of the side stream starts by waiting on this one: no record_stream needed.
-        return torch.cat([first, second])
-
-    def _splits(self, hidden: torch.Tensor) -> bool:
-        """Whether this call runs as two halves (:attr:`micro_batches`; on two streams on
-        CUDA)."""
-        return (
-            self.micro_batches == 2
-            and hidden.shape[0] >= 2
-            and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing()
-        )
-
-    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
-        key = torch.device(device).index
-        if key not in self._streams:
-            self._streams[key] = torch.cuda.Stream(device)
-        return self._streams[key]
-
-    def _fp8_path(self, hidden: torch.Tensor) -> bool:
-        """Whether this forward runs the FP8 projections (:attr:`fp8`); torch.compile traces
-        the bfloat16 path (the quantized weights are kept by identity)."""
-        return (
+        # torch.compile traces the bfloat16 path (the quantized weights are kept by identity)
+        fp8 = (
             self.fp8
             and (hidden.dtype == torch.bfloat16 or not hidden.is_cuda)
             and not torch.compiler.is_compiling()
         )
-
-    def _fp8_weight_list(self) -> list[torch.Tensor]:
-        """The weights the FP8 path quantizes (:meth:`_stack`'s ``linear`` on a normed row)."""
-        found = []
-        for layer, w in zip(self.transformer.layers, self.blocks_weights):
-            found += [w.qkv, layer.cross_attn.to_q.weight, w.gate_up, layer.mlp.down_proj.weight]
-        return found
-
-    def _stack(
-        self, hidden, mods, out_scale, out_shift, key_mask, encoder_mask, cross_kv, null_kv,
-        split, cos, sin,
-    ) -> torch.Tensor:  # fmt: skip
-        """Rows through every block (see :meth:`blocks`): per-row inputs already cut to them,
-        ``cross_kv`` of their first ``split`` rows, ``null_kv`` of the rest, the rotary
-        tables of their length."""
-        m = self.transformer
-        rows, n = hidden.shape[:2]
-        layers = m.layers
-        first = layers[0].self_attn
-        heads, kv_heads, d = first.heads, first.kv_heads, first.head_dim
-        fp8 = self._fp8_path(hidden)
 
         def norm(x, weight, delta=None, *, to_fp8=fp8, **kw):
             """``(residual, normed)``; ``normed`` a ``(q, scale)`` pair on the FP8 path."""
