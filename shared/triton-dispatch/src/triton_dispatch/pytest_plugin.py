@@ -45,11 +45,35 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: long-running; deselect with -m 'not slow'")
     config.addinivalue_line("markers", "multigpu: needs two CUDA devices (skipped with fewer)")
     seed = config.getoption("--seed")
+    # a pytest-xdist worker gets its controller's seed
+    worker_input = getattr(config, "workerinput", None)
+    if seed is None and worker_input is not None and _WORKER_SEED in worker_input:
+        seed = int(worker_input[_WORKER_SEED])  # one session seed over every worker
+    if worker_input is not None and "OMP_NUM_THREADS" not in os.environ:
+        _share_the_cores(int(worker_input.get("workercount", 1)))
     if seed is None:
         seed = int(
             os.environ.get("TRITON_DISPATCH_TEST_SEED", random.SystemRandom().randrange(2**31))
         )
     config.stash[_SEED_KEY] = seed
+
+
+_WORKER_SEED = "triton_dispatch_seed"
+
+
+def _share_the_cores(workers: int) -> None:
+    """One of ``workers`` parallel test processes takes its share of the cores for PyTorch's
+    intra-op threads, instead of every process starting one thread per core."""
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, workers)))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist: hand the controller's session seed to each worker, so that the seed the
+    header prints reproduces every test of a parallel run."""
+    node.workerinput[_WORKER_SEED] = node.config.stash[_SEED_KEY]
 
 
 _SEED_KEY = pytest.StashKey[int]()
