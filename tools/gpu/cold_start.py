@@ -168,6 +168,7 @@ class StackSampler:
         self.main = threading.main_thread().ident
         self.counts: dict[str, int] = {}
         self.samples = 0
+        self.phases: list[list] = []  # [start s, end s, innermost frames], in time order
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -182,6 +183,11 @@ class StackSampler:
             key = " < ".join(names[: self.depth])
             self.counts[key] = self.counts.get(key, 0) + 1
             self.samples += 1
+            now, inner = time.perf_counter(), " < ".join(names[:4])
+            if self.phases and self.phases[-1][2] == inner:
+                self.phases[-1][1] = now
+            else:
+                self.phases.append([now, now, inner])
 
     def __enter__(self) -> StackSampler:
         self._thread.start()
@@ -194,6 +200,12 @@ class StackSampler:
     def top(self, n: int = 30) -> list[dict]:
         ranked = sorted(self.counts.items(), key=lambda kv: -kv[1])[:n]
         return [{"ms": c * self.interval * 1e3, "stack": k} for k, c in ranked]
+
+    def timeline(self, origin: float, min_s: float = 0.01) -> list[list]:
+        """The main thread's innermost frames in time order, as ``[start, end, frames]`` in
+        seconds after ``origin``, the runs of one stack shorter than ``min_s`` left out."""
+        return [[round(a - origin, 3), round(b - origin, 3), f] for a, b, f in self.phases
+                if b - a + self.interval >= min_s]  # fmt: skip
 
 
 def _compile_timeline(origin: float):
@@ -248,7 +260,9 @@ def child_vq() -> dict:
     with counting_compiles() as count, sampler:
         first = _timed(step)
     second = _timed(step)
-    profile = {"profile": sampler.top()} if profiling else {}
+    profile = (
+        {"profile": sampler.top(), "main_thread": sampler.timeline(step_start)} if profiling else {}
+    )
     from triton_dispatch import prime
 
     started = prime.started_at()

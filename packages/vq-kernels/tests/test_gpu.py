@@ -213,6 +213,39 @@ def test_residual_quantize_on_cuda(shape, metric, dtype, rng):
     assert_close(grad, want.to(dtype), dtype=dtype, name="grad of x")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("metric", ["l2", "cosine"])
+@pytest.mark.parametrize("tf32", [False, True])
+@pytest.mark.parametrize("shape", [(640, 3, 256, 64), (1000, 2, 1000, 130)])
+def test_the_first_calls_stand_in_gives_the_tuned_kernels_results(shape, tf32, metric, dtype,
+                                                                  rng, monkeypatch):  # fmt: skip
+    """The residual search's first calls run a quicker-compiling config while the tuned one
+    compiles: every output is bitwise the tuned config's, near-ties (repeated codes, rows on
+    codes) included."""
+    from vq_kernels.ops.residual_quantize.kernels import ResidualQuantizePlan
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", tf32)
+    batch, levels, num_codes, dim = shape
+    codebooks = randn((levels, num_codes, dim), generator=rng).to(dtype).cuda()
+    codebooks[:, 1::7] = codebooks[:, ::7][:, : codebooks[:, 1::7].shape[1]]  # repeated codes
+    x = randn((batch, dim), generator=rng).to(dtype).cuda()
+    x[::5] = codebooks[0, randint(0, num_codes, (len(x[::5]),), generator=rng).cuda()]
+    norms = codebooks.float().norm(dim=-1)
+    plan = ResidualQuantizePlan(batch, num_codes, dim, levels, dtype, x.device, metric, 0.25)
+    assert plan.launch.stand_in is not None
+    results = []
+    for launch in (plan.launch.stand_in, plan.launch):
+        outs = [torch.full((batch, dim), float("nan"), device="cuda", dtype=dtype),
+                torch.full((batch, levels), -1, device="cuda", dtype=torch.int64),
+                torch.full((levels, batch), -1, device="cuda", dtype=torch.int64),
+                torch.full((levels + 1, batch, dim), float("nan"), device="cuda", dtype=dtype),
+                torch.full((plan.programs,), float("nan"), device="cuda")]  # fmt: skip
+        launch._through_triton((x, codebooks, norms, *outs), wait_ahead=False)
+        results.append(outs)
+    for name, a, b in zip(("out", "codes", "level codes", "residuals", "loss partials"), *results):
+        assert torch.equal(a, b), name
+
+
 def test_residual_quantize_separated_inputs_exact_on_cuda(rng):
     """Coarse-to-fine codebooks and inputs built from one code per level: every level's code is
     known, and the fused search, the per-level search and the picks agree exactly."""

@@ -115,6 +115,21 @@ def test_a_card_without_a_table_times_a_short_list_that_fits_it_and_keeps_the_pi
     assert timed == [] and benchmark_count() == before
 
 
+def test_a_compile_ahead_leaves_the_short_tune_to_the_first_real_call(fresh, monkeypatch):
+    """A compile ahead runs the kernel with stand-in tensors and launches nothing, so it cannot
+    time trials: on a card without a table it compiles nothing, keeps no pick, stores nothing,
+    and the first real call then runs the short tune."""
+    kernel, launched, timed = _on_a_gpu(monkeypatch)
+    x, y = torch.zeros(0), torch.zeros(0)
+    with simulated_device(RTX_5090.facts()):
+        assert kernel.run(x, y, 8, 1024, grid=(1,), warmup=True) is None
+    assert timed == [] and launched == [] and not kernel.cache and not kernel.sources
+    assert list(fresh.glob("*.json")) == []
+    _first_call(kernel)
+    assert timed == [(32, 4), (64, 8), (64, 4)] and launched == [(64, 8)]
+    assert list(kernel.sources.values()) == ["bounded"]
+
+
 def test_the_short_tune_is_bounded_in_candidates_and_time(fresh, monkeypatch):
     """Six cards' tables, five picks: the 5090 takes the four nearest (cards within its 99 KB
     first: the RTX 4090, L40S, A10, L4; the A100's pick is left out) and the default, and times

@@ -188,3 +188,113 @@ def test_fast_builds_follow_the_declared_triton_versions(fresh_hook, monkeypatch
     if triton_version.installed_triton_release() in host_build.FAST_HOST_BUILD_TRITON_VERSIONS:
         monkeypatch.setattr(host_build, "FAST_HOST_BUILD_TRITON_VERSIONS", ())
         assert not host_build.install_fast_host_builds()
+
+
+class _Recorded:
+    """A stand-in launch's stub: a future of its compile, and the calls it ran."""
+
+    def __init__(self, future):
+        self.future, self.calls, self._compiled = future, [], {}
+
+    def compile_ahead(self, *args):
+        return self.future
+
+    def _through_triton(self, args, wait_ahead=True):
+        self.calls.append((args, wait_ahead))
+
+
+def _stand_in_setup(monkeypatch, own_future, quick_future):
+    launch = KernelLaunch(
+        _add_one, (1,), {"n": 4, "BLOCK": 16}, device=torch.device("cpu")
+    )  # fmt: skip
+    assert launch.stand_in is None  # nothing is compiled ahead off the GPU
+    launch.direct = True  # as on a GPU with fast launches
+    launch.stand_in = _Recorded(quick_future)
+    own_calls = []
+    monkeypatch.setattr(launch, "compile_ahead", lambda *args: own_future)
+    monkeypatch.setattr(launch, "_through_triton", lambda args: own_calls.append(args))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    return launch, own_calls
+
+
+def test_a_stand_in_runs_the_first_calls_until_the_own_kernel_is_built(monkeypatch):
+    from concurrent.futures import Future
+
+    own, quick = Future(), Future()
+    quick.set_result(None)
+    launch, own_calls = _stand_in_setup(monkeypatch, own, quick)
+    stand_in = launch.stand_in
+    launch("a", "b")
+    launch("c", "d")
+    # the stand-in ran both, without waiting for the own compile of the same kernel
+    assert stand_in.calls == [(("a", "b"), False), (("c", "d"), False)]
+    assert own_calls == [] and launch.stand_in_calls == 2
+    own.set_result(None)
+    launch("e", "f")
+    assert own_calls == [("e", "f")] and launch.stand_in is None
+    launch("g", "h")
+    assert own_calls[-1] == ("g", "h") and len(stand_in.calls) == 2
+
+
+def test_the_own_kernel_runs_when_it_is_built_first_or_under_graph_capture(monkeypatch):
+    from concurrent.futures import Future
+
+    own, quick = Future(), Future()
+    own.set_result(None)  # a load from Triton's disk cache finishes first
+    launch, own_calls = _stand_in_setup(monkeypatch, own, quick)
+    stand_in = launch.stand_in
+    launch("a", "b")
+    assert own_calls == [("a", "b")] and stand_in.calls == [] and launch.stand_in is None
+
+    pending, quick = Future(), Future()
+    quick.set_result(None)
+    launch, own_calls = _stand_in_setup(monkeypatch, pending, quick)
+    stand_in = launch.stand_in
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    launch("a", "b")  # a graph keeps what it records: the own kernel, waited for
+    assert own_calls == [("a", "b")] and stand_in.calls == []
+
+    launch, own_calls = _stand_in_setup(monkeypatch, None, quick)  # compiling ahead is off
+    launch("a", "b")
+    assert own_calls == [("a", "b")] and launch.stand_in is None
+
+
+@triton.jit
+def _add_one_again(X, Y, n, BLOCK: tl.constexpr):  # compiled by the stand-in test alone
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + i, tl.load(X + i, mask=i < n) + 1.0, mask=i < n)
+
+
+@pytest.mark.gpu
+def test_a_stand_in_gives_the_first_call_while_the_own_kernel_compiles(monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    n = 1000
+    block = 64 << int(torch.randint(0, 4, ()).item())
+    own = KernelLaunch(
+        _add_one_again, (triton.cdiv(n, block),), {"n": n, "BLOCK": block},
+        device=torch.device("cuda"),
+        stand_in=KernelLaunch(_add_one_again, (triton.cdiv(n, 32),), {"n": n, "BLOCK": 32},
+                              device=torch.device("cuda")),
+    )  # fmt: skip
+    compile_own = own._compile_only
+    started = threading.Event()
+
+    def slow_compile(args):  # the own kernel's compile outlasts the stand-in's
+        started.wait(10)
+        compile_own(args)
+
+    monkeypatch.setattr(own, "_compile_only", slow_compile)
+    x = randn((n,), device="cuda")
+    y = torch.full_like(x, float("nan"))
+    own(x, y)
+    assert own.stand_in_calls == 1
+    torch.cuda.synchronize()
+    assert_close(y, x.double() + 1)
+    started.set()
+    compile_ahead.wait_all()
+    y.fill_(float("nan"))
+    own(x, y)
+    own(x, y)
+    torch.cuda.synchronize()
+    assert own.stand_in is None and own.stand_in_calls == 1 and own.direct_launches == 1
+    assert_close(y, x.double() + 1)

@@ -37,6 +37,11 @@ Correctness rules the pieces keep:
   it and keeps its options within the device's shared memory per block, pipelining less deeply
   where the given ``num_stages`` do not fit (:mod:`triton_dispatch.shared_memory`); a tuned
   kernel does the same over its configs.
+* a launch given a *stand-in* (another launch of the same arguments and results whose kernel
+  compiles in a fraction of the time: smaller tiles, no pipelining) starts both compiles on
+  background threads at its first call and runs the stand-in until its own kernel is built, so a
+  first call with an empty cache waits for the quick compile only; under CUDA-graph capture it
+  waits for its own kernel (a captured graph keeps what it recorded).
 
 ``TRITON_DISPATCH_PLAN_CACHE=0`` turns plan caching off (every call builds its plan), for
 debugging and for tests that compare cached against uncached results.
@@ -44,6 +49,7 @@ debugging and for tests that compare cached against uncached results.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import os
 import weakref
@@ -317,6 +323,9 @@ class KernelLaunch:
             kernel would not fit the device's shared memory per block with the ``num_stages``
             given, the first launch lowers them until it does (``SharedMemoryError`` when even
             one stage does not fit); :attr:`options` then holds what launches.
+        stand_in: a launch of the same per-call arguments that computes the same results with a
+            kernel quicker to compile, run by the first calls while this one compiles on a
+            background thread (only where kernels are compiled ahead; see the module notes).
 
     The first call with a new argument specialisation runs through Triton (autotuning and
     compiling as usual); later calls with the same specialisation call the compiled kernel's
@@ -333,6 +342,7 @@ class KernelLaunch:
         *,
         device: torch.device,
         options: Mapping[str, Any] | None = None,
+        stand_in: KernelLaunch | None = None,
     ) -> None:
         self.kernel = kernel
         jit = _jit_function(kernel)
@@ -354,6 +364,10 @@ class KernelLaunch:
         self.direct_launches = 0
         # a tuned kernel keeps its own configs within the device's shared memory
         self._fit_checked = not self.on_gpu or hasattr(kernel, "configs")
+        # runs the first calls while this launch's kernel compiles (compiled ahead only)
+        self.stand_in = stand_in if self.direct else None
+        self._own_compile: concurrent.futures.Future | None = None
+        self.stand_in_calls = 0
 
     def __call__(self, *args: Any) -> None:
         if self.direct:
@@ -361,7 +375,35 @@ class KernelLaunch:
             if entry is not None and not _launch_hooks_set():
                 self._launch(entry, args)
                 return
+            if self.stand_in is not None and self._stand_in_ran(args):
+                return
         self._through_triton(args)
+
+    def _stand_in_ran(self, args: tuple) -> bool:
+        """Whether the stand-in took this call because this launch's kernel is still compiling.
+        The first call starts both compiles and waits for the first of them to finish."""
+        own = self._own_compile
+        if own is None:
+            own = self._own_compile = self.compile_ahead(*args)
+            if own is None:  # compiled already, or compiling ahead is off: no stand-in
+                self.stand_in = None
+                return False
+            quick = self.stand_in.compile_ahead(*args)
+            if quick is not None:
+                concurrent.futures.wait(
+                    (own, quick), return_when=concurrent.futures.FIRST_COMPLETED
+                )
+        if own.done() or torch.cuda.is_current_stream_capturing():
+            self.stand_in = None  # from here on this launch's own kernel (its compile awaited)
+            return False
+        stand_in = self.stand_in
+        entry = stand_in._compiled.get(_arg_spec(args))
+        if entry is not None and not _launch_hooks_set():
+            stand_in._launch(entry, args)
+        else:  # its first call: its compile is done; this launch's own one is not waited for
+            stand_in._through_triton(args, wait_ahead=False)
+        self.stand_in_calls += 1
+        return True
 
     def _launch(self, entry: tuple, args: tuple) -> None:
         run, before, after, slots, (g0, g1, g2) = entry
@@ -393,24 +435,25 @@ class KernelLaunch:
 
         return through_launcher
 
-    def compile_ahead(self, *args: Any) -> None:
+    def compile_ahead(self, *args: Any) -> concurrent.futures.Future | None:
         """Start compiling this launch on a background thread, for the per-call ``args`` a later
         call will pass (tensors, or a ``torch.dtype`` in place of a tensor not made yet), so
-        that the first real call finds its kernel built (:mod:`triton_dispatch.compile_ahead`).
-        Does nothing where calls are not compiled (the interpreter, other devices), once a call
-        compiled, while autotuning is on, or with ``TRITON_DISPATCH_COMPILE_AHEAD=0``."""
+        that the first real call finds its kernel built (:mod:`triton_dispatch.compile_ahead`);
+        returns the compile's future. Does nothing (``None``) where calls are not compiled (the
+        interpreter, other devices), once a call compiled, while autotuning is on, with
+        ``TRITON_DISPATCH_COMPILE_AHEAD=0``, or when the same kernel is already compiling ahead."""
         self._check_count(args)
         if not self.direct or self._compiled or not compile_ahead.compile_ahead_enabled():
-            return
+            return None
         package = getattr(self.kernel, "package", None)
         if package is not None and autotune_mode.autotune_enabled(package):
-            return  # its trials run on the real arguments
+            return None  # its trials run on the real arguments
         # launches that differ only in arguments Triton does not specialise on share one kernel:
         # the first of them compiles it, the others would compile it again beside it
         key = self._specialization(args)
         if key is not None and not compile_ahead.claim(key):
-            return
-        compile_ahead.submit(_jit_function(self.kernel), lambda: self._compile_only(args))
+            return None
+        return compile_ahead.submit(_jit_function(self.kernel), lambda: self._compile_only(args))
 
     def _standins(self, args: tuple) -> tuple:
         return tuple(
@@ -483,12 +526,12 @@ class KernelLaunch:
         self.options = fitting_options(compile_only, self.options, device_facts(self.device), name)
         self._fit_checked = True
 
-    def _through_triton(self, args: tuple) -> None:
+    def _through_triton(self, args: tuple, wait_ahead: bool = True) -> None:
         self._check_count(args)
         positional, values = self._arguments(args)
         grid = self.grid
         prime.wait()
-        if self.direct:
+        if self.direct and wait_ahead:
             compile_ahead.wait_for(_jit_function(self.kernel))
         if not self._fit_checked:
             self._fit_shared_memory(positional, values)
