@@ -298,3 +298,16 @@ def test_a_stand_in_gives_the_first_call_while_the_own_kernel_compiles(monkeypat
     torch.cuda.synchronize()
     assert own.stand_in is None and own.stand_in_calls == 1 and own.direct_launches == 1
     assert_close(y, x.double() + 1)
+
+
+def test_a_warm_up_waits_for_the_compiles_its_calls_started_in_the_background():
+    from triton_dispatch.warmup import run_warmup
+
+    release, done = threading.Event(), []
+
+    def call():  # a call that leaves a compile running, as a stand-in's first call does
+        compile_ahead.submit(call, lambda: (release.wait(10), done.append(True)))
+        threading.Timer(0.2, release.set).start()
+
+    report = run_warmup([call])
+    assert done == [True] and report.calls == 1

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import compile_ahead
 from .backend import interpreter_enabled
 
 
@@ -94,7 +95,9 @@ def run_warmup(
     workers: int = 1,
     device: torch.device | str | None = None,
 ) -> WarmupReport:
-    """Run every call once (``workers`` threads at a time) and wait for the device.
+    """Run every call once (``workers`` threads at a time), wait for the compiles they started
+    on background threads (kernels compiled ahead, the tuned kernels a first call's stand-in
+    served), and wait for the device.
 
     An exception in any call is raised after the others finished: a warm-up that fails says so
     rather than leaving the first real step to fail. Triton's interpreter keeps one global launch
@@ -112,6 +115,7 @@ def run_warmup(
                 futures = [pool.submit(call) for call in calls]
                 for future in futures:
                     future.result()
+        compile_ahead.wait_all()
         if device is not None and torch.device(device).type == "cuda":
             torch.cuda.synchronize(device)
     return WarmupReport(
