@@ -185,9 +185,19 @@ def test_contrastive_losses_match(name, rng, kernel_calls):
 def test_distillation_default_bound_at_class_creation_is_patched(rng, kernel_calls):
     model = TinyEncoder(rng)
     n_docs = 3  # min-max normalisation of 2 scores is constant: no gradient to compare
-    feats = [features(rng, 3, 4), features(rng, 3 * n_docs, 6)]
-    labels = torch.randn(3, n_docs, generator=rng)
-    want = loss_and_grad(Distillation(model), model, feats, labels)
+    for _ in range(20):
+        # the loss min-max normalises each query's scores: two documents that tie for the
+        # maximum or minimum (short documents of the same tokens) send the gradient to either,
+        # by rounding. Such draws are set aside; the comparison needs distinct scores.
+        feats = [features(rng, 3, 4), features(rng, 3 * n_docs, 6)]
+        labels = torch.randn(3, n_docs, generator=rng)
+        reference, seen = Distillation(model), []
+        metric = reference.score_metric
+        reference.score_metric = lambda *a, m=metric, s=seen, **k: s.append(m(*a, **k)) or s[-1]
+        want = loss_and_grad(reference, model, feats, labels)
+        gaps = seen[0].detach().sort(dim=1).values.diff(dim=1)
+        if (gaps > 1e-3 * (1 + seen[0].detach().abs().amax())).all():
+            break
     patch_pylate()
     loss = Distillation(model)
     assert loss.score_metric is not ORIGINALS["colbert_kd_scores"]
