@@ -22,6 +22,7 @@ from .integrations import (
     unpatch_pylate,
     unpatch_sentence_transformers,
 )
+from .ops.compressed import CompressedMaxSimIndex
 from .ops.maxsim import BACKWARD_METHODS, maxsim, maxsim_pairs
 from .ops.maxsim import maxsim_varlen as maxsim_varlen_pairs
 from .ops.retrieve import MaxSimIndex
@@ -38,6 +39,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 __all__ = [
     "BACKWARD_METHODS",
+    "CompressedMaxSimIndex",
     "MaxSimIndex",
     "MaxSimScorer",
     "ShardedMaxSimIndex",
