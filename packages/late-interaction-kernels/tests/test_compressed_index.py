@@ -149,8 +149,8 @@ def _index_and_exact(seed, device, n_docs=60, dim=16, **options):
 def test_search_with_rerank_is_exact(device, seed):
     docs, index, Q = _index_and_exact(seed, device, keep_full="device", nbits=2)
     exact_scores, _exact_ids = MaxSimIndex(docs).topk(Q, 5)
-    # probing every centroid makes every document a candidate; the rerank is exact
-    scores, ids = index.search(Q, 5, n_probe=16, n_candidates=30, n_rerank=30)
+    # every document is a candidate (n_candidates covers the collection) and reaches the rerank
+    scores, ids = index.search(Q, 5, n_probe=16, n_candidates=60, n_rerank=60)
     torch.testing.assert_close(scores.cpu(), exact_scores.cpu(), rtol=1e-4, atol=1e-4)
     assert ids.dtype == torch.int64 and ids.shape == (4, 5)
     got = MaxSimIndex(docs).scores(Q).gather(1, ids)
