@@ -341,6 +341,16 @@ class CompressedMaxSimIndex:
         return pair_maxsim(Qc, pair_query, local.int(), local_offsets.to(self.device), tokens=tokens,
                            max_len=self.max_len, backend=backend)  # fmt: skip
 
+    def document_tokens(self, doc: int) -> torch.Tensor:
+        """Document ``doc``'s tokens: the kept ones when ``keep_full`` is set, else decompressed
+        (float32)."""
+        if not 0 <= doc < self.n_slots:
+            raise ValueError(f"doc must lie in [0, {self.n_slots}), got {doc}")
+        lo, hi = int(self.doc_offsets[doc]), int(self.doc_offsets[doc + 1])
+        if self.full is not None:
+            return self.full[lo:hi]
+        return self._codec.decompress(torch.arange(lo, hi, device=self.device))
+
     # ------------------------------------------------------------------------- maintenance
     @torch.no_grad()
     def add(
