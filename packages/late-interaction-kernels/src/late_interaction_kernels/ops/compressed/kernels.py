@@ -53,7 +53,7 @@ def pair_maxsim_kernel(
     Q, PAIR_Q, PAIR_D, DOC_OFF, TOKENS, CODES, PACKED, C, W, OUT,
     lq, dim, width, max_len,
     COMPRESSED: tl.constexpr, NBITS: tl.constexpr, PER_BYTE: tl.constexpr, UPCAST: tl.constexpr,
-    DYNAMIC_BOUNDS: tl.constexpr,
+    DYNAMIC_BOUNDS: tl.constexpr, IEEE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     p = tl.program_id(0)
@@ -90,7 +90,10 @@ def pair_maxsim_kernel(
                 x = x.to(tl.float32)
             if not UPCAST:
                 x = x.to(Q.dtype.element_ty)
-            s = tl.dot(q, tl.trans(x))
+            if IEEE:  # float32 queries are scored in float32, not tf32
+                s = tl.dot(q, tl.trans(x), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(x))
             s = tl.where(j_ok[None, :], s, float("-inf"))
             best = tl.maximum(best, tl.max(s, 1))
         total += tl.sum(tl.where(t_ok & (best > float("-inf")), best, 0.0), 0)

@@ -113,6 +113,7 @@ def pair_maxsim(
         Q, pair_query, pair_doc, doc_offsets, *args, out, lq, dim, width, max_len,
         COMPRESSED=codec is not None, NBITS=nbits, PER_BYTE=8 // nbits,
         UPCAST=interpret or Q.dtype == torch.float32, DYNAMIC_BOUNDS=not interpret,
+        IEEE=Q.dtype == torch.float32 and not interpret,
         BLOCK_Q=block_q, BLOCK_T=32 if interpret else 64, BLOCK_D=padded_dim(dim),
         num_warps=4, num_stages=2 if not interpret else 1,
     )  # fmt: skip
