@@ -151,10 +151,12 @@ def test_search_with_rerank_is_exact(device, seed):
     exact_scores, _exact_ids = MaxSimIndex(docs).topk(Q, 5)
     # every document is a candidate (n_candidates covers the collection) and reaches the rerank
     scores, ids = index.search(Q, 5, n_probe=16, n_candidates=60, n_rerank=60)
-    torch.testing.assert_close(scores.cpu(), exact_scores.cpu(), rtol=1e-4, atol=1e-4)
+    # on CUDA the index keeps fp16 tokens and scores fp16 queries (float32 accumulation)
+    tol = 1e-4 if device == "cpu" else 3e-3
+    torch.testing.assert_close(scores.cpu(), exact_scores.cpu(), rtol=tol, atol=tol)
     assert ids.dtype == torch.int64 and ids.shape == (4, 5)
     got = MaxSimIndex(docs).scores(Q).gather(1, ids)
-    torch.testing.assert_close(got.cpu(), exact_scores.cpu(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.cpu(), exact_scores.cpu(), rtol=tol, atol=tol)
 
 
 def test_search_scores_are_decompressed_maxsim(seed):
