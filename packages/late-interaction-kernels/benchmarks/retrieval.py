@@ -228,7 +228,44 @@ def _worker_compressed(args, device) -> dict:
         res = _measure_search(search, queries, args.k, device)
         res["setting"] = setting
         out["settings"].append(res)
+    if args.add_check:
+        del index
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        out["add"] = _add_check(host_tokens, lengths, queries, args.k, device, options,
+                                out["settings"][0]["setting"], out["settings"][0]["ids"])  # fmt: skip
     return out
+
+
+def _add_check(tokens, lengths, queries, k, device, options, setting, full_ids) -> dict:
+    """Build on the first 99 % of the documents, add the last 1 %: the add's time, and the share
+    of the full build's top-k the grown index returns; then delete every query's best document
+    and count how many deleted ids come back."""
+    n_keep = lengths.shape[0] - max(1, lengths.shape[0] // 100)
+    cut = int(lengths[:n_keep].sum())
+    t0 = time.perf_counter()
+    part = _build_compressed(tokens[:cut], lengths[:n_keep].cpu(), device, options)
+    _sync(device)
+    build_99 = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    part.add(tokens[cut:], lengths[n_keep:].cpu())
+    _sync(device)
+    add_s = time.perf_counter() - t0
+    ids = part.search(queries, k, **setting)[1].cpu()
+    agree = _recall(ids, full_ids.cpu(), k)
+    gone = ids[:, 0].unique()
+    part.delete(gone)
+    after = part.search(queries, k, **setting)[1].cpu()
+    return {"build_99_s": build_99, "add_1pct_s": add_s, "add_over_build": add_s / build_99,
+            "topk_agreement_with_full_build": agree, "ids_equal_rows": int((ids == full_ids.cpu()).all(1).sum()),
+            "deleted_returned": int(torch.isin(after, gone).sum()), "deleted": int(gone.numel())}  # fmt: skip
+
+
+def _build_compressed(tokens, lengths, device, options):
+    from late_interaction_kernels import CompressedMaxSimIndex
+
+    return CompressedMaxSimIndex.build(tokens, lengths, device=device, **options)
 
 
 def _worker_fast_plaid(args, device) -> dict:
@@ -306,7 +343,7 @@ def _spawn(args, system: str, n_docs: int, workdir: str, options: str = "") -> t
         cmd += ["--options", options]
     if args.search_settings:
         cmd += ["--search-settings", args.search_settings]
-    for flag in ("host_input", "tiny"):
+    for flag in ("host_input", "tiny", "add_check"):
         if getattr(args, flag):
             cmd += ["--" + flag.replace("_", "-")]
     if args.device:
@@ -334,6 +371,8 @@ def main() -> None:
     p.add_argument("--search-settings", default="", help="JSON list of search() keyword sets")
     p.add_argument("--host-input", action="store_true", help="build ours from host tokens")
     p.add_argument("--tiny", action="store_true", help="small vocabulary for a CPU check")
+    p.add_argument("--add-check", action="store_true",
+                   help="ours: build on 99 %%, add 1 %%, compare with the full build, delete")
     p.add_argument("--device", default="")
     p.add_argument("--out", default="retrieval.json")
     p.add_argument("--worker", default="")

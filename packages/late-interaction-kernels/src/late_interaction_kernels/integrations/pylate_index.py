@@ -66,8 +66,8 @@ class CompressedIndex:
         override: bool = False,
         *,
         device: str | torch.device | None = None,
-        n_probe: int = 8,
-        n_candidates: int = 1024,
+        n_probe: int = 4,
+        n_candidates: int = 512,
         n_rerank: int | None = None,
         **build_options: Any,
     ) -> None:

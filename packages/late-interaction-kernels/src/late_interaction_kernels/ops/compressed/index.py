@@ -108,11 +108,11 @@ class CompressedMaxSimIndex:
         documents: Sequence[torch.Tensor] | torch.Tensor,
         lengths: torch.Tensor | None = None,
         *,
-        nbits: int = 4,
+        nbits: int = 2,
         n_centroids: int | None = None,
         kmeans_iters: int = 4,
         kmeans_points_per_centroid: int = 64,
-        keep_full: KeepFull | None = None,
+        keep_full: KeepFull | None = "host",
         normalize: bool = False,
         device: torch.device | str | None = None,
         seed: int = 0,
@@ -124,11 +124,15 @@ class CompressedMaxSimIndex:
                 ``lengths``. Every document needs at least one token; tokens must be finite.
             lengths: int ``(N,)`` tokens per document, with packed ``documents``.
             nbits: residual bits per dimension: 1, 2, 4 or 8 (``d * nbits`` a multiple of 8).
+                With the exact rerank 2 bits keep recall@10 at 0.998-1.0 (BENCHMARKS.md); 4 bits
+                rank better without it.
             n_centroids: k-means centroids (default: PLAID's ``2 ** floor(log2(16 sqrt(T)))``).
             kmeans_iters, kmeans_points_per_centroid: k-means steps, and the sample size per
                 centroid it trains on.
-            keep_full: keep the tokens (fp16 on CUDA) for an exact rerank, on the index's
-                ``"device"`` or in pinned ``"host"`` memory; ``None`` keeps only the codes.
+            keep_full: keep the tokens (fp16 on CUDA) for the exact rerank: in pinned ``"host"``
+                memory (the default: the GPU reads the few it needs over the bus; 256 bytes a
+                128-dim token of host memory), on the index's ``"device"``, or ``None`` (only
+                the codes: no rerank, scores from the decompressed tokens).
             normalize: L2-normalise documents (here) and queries (at search) first.
             device: where the index lives and is built (default: the documents' device).
             seed: the k-means sample and initialisation.
@@ -207,8 +211,8 @@ class CompressedMaxSimIndex:
         k: int,
         q_mask: torch.Tensor | None = None,
         *,
-        n_probe: int = 8,
-        n_candidates: int = 1024,
+        n_probe: int = 4,
+        n_candidates: int = 512,
         n_rerank: int | None = None,
         backend: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,8 +269,6 @@ class CompressedMaxSimIndex:
             or tuple(q_mask.shape) != tuple(Q.shape[:2])
         ):  # fmt: skip
             raise ValueError(f"q_mask must be a bool tensor of shape {tuple(Q.shape[:2])}, got {describe(q_mask)}")
-        if Q.numel() and not bool(torch.isfinite(Q).all()):
-            raise ValueError("Q holds NaN or infinite values")
 
     def _prepare_queries(self, Q, q_mask):
         Qc = Q.to(self.device)
@@ -283,26 +285,28 @@ class CompressedMaxSimIndex:
     def _search_chunk(self, Qc, valid, k, n_probe, n_candidates, n_rerank, backend):
         nq = Qc.shape[0]
         qcs = torch.matmul(self.centroids, Qc.transpose(1, 2)).contiguous()  # (nq, K, Lq)
-        if len(self) <= n_candidates:
-            docs = self.live.nonzero().squeeze(1).to(torch.int32)
-            pair_query = torch.arange(nq, device=self.device, dtype=torch.int32).repeat_interleave(docs.shape[0])
-            pair_doc = docs.repeat(nq)
+        if self.n_slots <= n_candidates:  # every document is a candidate
+            pair_query = torch.arange(nq, device=self.device, dtype=torch.int32).repeat_interleave(self.n_slots)
+            pair_doc = torch.arange(self.n_slots, device=self.device, dtype=torch.int32).repeat(nq)
         else:
             probes = qcs.topk(n_probe, dim=1).indices  # (nq, n_probe, Lq)
             probes = probes.masked_fill(~valid[:, None, :], -1).reshape(nq, -1)
-            pair_query, pair_doc = ivf.candidates(probes, self.list_offsets, self.list_docs, self.live)
+            pair_query, pair_doc = ivf.candidates(probes, self.list_offsets, self.list_docs, self.n_slots)
         approx = centroid_pair_scores(qcs, pair_query, pair_doc, self.codes, self.doc_offsets,
                                       max_len=self.max_len, backend=backend)  # fmt: skip
         del qcs
-        keep = n_rerank if n_rerank else k
-        cand = _best_per_query(approx, pair_query, pair_doc, nq, n_candidates)
+        # deleted documents never pass: -inf drops them below every real candidate
+        approx = torch.where(self.live[pair_doc.long()], approx, float("-inf"))
+        # a non-finite query (NaN, inf) shows in its centroid scores: checked with the one read
+        # of the candidates' count this stage needs anyway
+        cand = _best_per_query(approx, pair_query, pair_doc, nq, n_candidates,
+                               also_read=~torch.isfinite(Qc).all())  # fmt: skip
         scores = self._score(Qc, cand, codec=self._codec, backend=backend)
         if n_rerank:
-            cand = _take(scores, cand, keep)
+            cand = _take(scores, cand, n_rerank)
             scores = self._score(Qc, cand, codec=None, backend=backend)
         top = scores.topk(min(k, scores.shape[1]), dim=1)
-        ids = cand.gather(1, top.indices)
-        ids = torch.where(torch.isfinite(top.values), ids, -1)
+        ids = torch.where(torch.isfinite(top.values), cand.gather(1, top.indices), -1)
         scores = top.values
         if scores.shape[1] < k:  # fewer candidates than k
             pad = k - scores.shape[1]
@@ -311,21 +315,24 @@ class CompressedMaxSimIndex:
         return scores.float(), ids.long()
 
     def _score(self, Qc, cand, *, codec, backend):
-        """Scores ``(nq, width)`` of the candidate ids ``cand`` (-1: none, scored -inf)."""
-        ok = cand >= 0
-        pair_query = torch.arange(cand.shape[0], device=cand.device).repeat_interleave(cand.shape[1])
-        pair_query, pair_doc = pair_query[ok.reshape(-1)].int(), cand[ok].int()
+        """Scores ``(nq, width)`` of the candidate ids ``cand`` (-1: none, scored -inf). Every
+        slot is scored (a missing one against document 0) so that nothing waits for the host."""
+        nq, width = cand.shape
+        pair_query = torch.arange(nq, device=cand.device, dtype=torch.int32).repeat_interleave(width)
+        pair_doc = cand.clamp_min(0).reshape(-1).to(torch.int32)
         if codec is not None:
             got = pair_maxsim(Qc, pair_query, pair_doc, self.doc_offsets, codec=codec,
                               max_len=self.max_len, backend=backend)  # fmt: skip
-        elif self.full.device == self.device:
+        elif self.full.device == self.device or (self.device.type == "cuda" and self.full.is_pinned()):
+            # pinned host memory is mapped into the GPU's address space: the kernel reads the
+            # few documents it needs over the bus, no gather on the host
             got = pair_maxsim(Qc, pair_query, pair_doc, self.doc_offsets, tokens=self.full,
                               max_len=self.max_len, backend=backend)  # fmt: skip
         else:
-            got = self._score_from_host(Qc, pair_query, pair_doc, backend)
-        out = torch.full(cand.shape, float("-inf"), device=cand.device)
-        out[ok] = got
-        return out
+            ok = cand.reshape(-1) >= 0
+            got = torch.zeros(nq * width, device=cand.device)
+            got[ok] = self._score_from_host(Qc, pair_query[ok], pair_doc[ok], backend)
+        return torch.where(cand >= 0, got.view(nq, width), float("-inf"))
 
     def _score_from_host(self, Qc, pair_query, pair_doc, backend):
         """Exact scores with the tokens in host memory: the pairs' documents are gathered once each
@@ -502,11 +509,17 @@ def _encode_all(tokens, state, device, dtype, *, first_doc: int, offsets) -> dic
     return out
 
 
-def _best_per_query(scores, pair_query, pair_doc, nq: int, n: int) -> torch.Tensor:
+def _best_per_query(scores, pair_query, pair_doc, nq: int, n: int, also_read=None) -> torch.Tensor:
     """int64 ``(nq, min(n, most candidates))``: each query's best documents by ``scores`` (pairs
-    sorted by query), -1 where a query has fewer."""
+    sorted by query), -1 where a query has fewer. ``also_read`` (a bool tensor) is read in the
+    same host synchronisation: True raises the non-finite-query error."""
     counts = torch.bincount(pair_query.long(), minlength=nq)
-    width = max(int(counts.max()) if counts.numel() else 0, 1)
+    most = counts.max() if counts.numel() else counts.new_zeros(())
+    flag = also_read if also_read is not None else torch.zeros((), dtype=torch.bool, device=most.device)
+    most, bad = torch.stack([most, flag.to(most.dtype)]).tolist()
+    if bad:
+        raise ValueError("Q holds NaN or infinite values")
+    width = max(most, 1)
     first = torch.cumsum(counts, 0) - counts
     pos = torch.arange(pair_query.shape[0], device=scores.device) - first[pair_query.long()]
     dense = torch.full((nq, width), float("-inf"), device=scores.device)

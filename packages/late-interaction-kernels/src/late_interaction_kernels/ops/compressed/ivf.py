@@ -24,27 +24,22 @@ def build_lists(codes: torch.Tensor, doc_offsets: torch.Tensor, n_centroids: int
     return offsets, (key % max(n_docs, 1)).to(torch.int32)
 
 
-def candidates(probes: torch.Tensor, list_offsets, list_docs, live: torch.Tensor | None):
+def candidates(probes: torch.Tensor, list_offsets, list_docs, n_docs: int):
     """``(pair_query int32, pair_doc int32)`` sorted by query then document: for every query ``i``
-    the live documents of the lists of ``probes[i]`` (centroid ids; negative entries probe
-    nothing)."""
+    the documents of the lists of ``probes[i]`` (centroid ids; negative entries probe nothing),
+    each once. Two host synchronisations: the size of the gathered lists and of the unique pairs."""
     nq, width = probes.shape
-    n_docs = live.shape[0] if live is not None else int(list_docs.max()) + 1 if list_docs.numel() else 1
-    n_centroids = list_offsets.shape[0] - 1
-    query = torch.arange(nq, device=probes.device).repeat_interleave(width)
-    flat = probes.reshape(-1).long()
-    ok = flat >= 0
-    pair = torch.unique(query[ok] * n_centroids + flat[ok])
-    q_of, c_of = pair // n_centroids, pair % n_centroids
-    start = list_offsets[c_of]
-    length = list_offsets[c_of + 1] - start
-    owner = torch.repeat_interleave(torch.arange(length.shape[0], device=probes.device), length)
-    first = torch.cumsum(length, 0) - length
-    pos = torch.arange(owner.shape[0], device=probes.device) - first[owner]
+    ordered = probes.sort(dim=1).values
+    # a centroid probed by several query tokens is read once
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    centroid = ordered.clamp_min(0).reshape(-1)
+    start = list_offsets[centroid]
+    length = torch.where(((ordered >= 0) & first).reshape(-1), list_offsets[centroid + 1] - start, 0)
+    total = int(length.sum())
+    owner = torch.repeat_interleave(torch.arange(length.shape[0], device=probes.device), length,
+                                    output_size=total)  # fmt: skip
+    pos = torch.arange(total, device=probes.device) - (torch.cumsum(length, 0) - length)[owner]
     docs = list_docs[start[owner] + pos].long()
-    key = torch.unique(q_of[owner] * n_docs + docs)
-    pair_query, pair_doc = key // n_docs, key % n_docs
-    if live is not None:
-        keep = live[pair_doc]
-        pair_query, pair_doc = pair_query[keep], pair_doc[keep]
-    return pair_query.to(torch.int32), pair_doc.to(torch.int32)
+    key = torch.unique(owner // width * n_docs + docs)
+    return (key // n_docs).to(torch.int32), (key % n_docs).to(torch.int32)
