@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import reference
 from .distributed.cross_rank import maxsim_across_ranks
+from .distributed.sharded_compressed import ShardedCompressedIndex
 from .distributed.sharded_index import ShardedMaxSimIndex
 from .fused_head import maxsim_from_hidden
 from .integrations import (
@@ -42,6 +43,7 @@ __all__ = [
     "CompressedMaxSimIndex",
     "MaxSimIndex",
     "MaxSimScorer",
+    "ShardedCompressedIndex",
     "ShardedMaxSimIndex",
     "__version__",
     "maxsim",

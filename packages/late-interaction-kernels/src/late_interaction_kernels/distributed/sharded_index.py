@@ -28,15 +28,12 @@ from ..ops.retrieve import DEFAULT_CHUNK_SIZE, MaxSimIndex, pad_documents
 from ..ops.retrieve.index import read_index_file
 from ..ops.retrieve.validation import check_query_mask as _check_query_mask
 from ..ops.retrieve.validation import describe as _describe
+from .ranks import _NO_DOC, RankGroup
 
 __all__ = ["ShardedMaxSimIndex"]
 
 #: The on-disk layout of the per-rank files :meth:`ShardedMaxSimIndex.save` writes.
 SHARD_FORMAT = 1
-#: The id of a padding candidate (a rank holding fewer than ``k`` documents): it loses every tie.
-_NO_DOC = torch.iinfo(torch.int64).max
-#: The bits of a float32 -inf, the score of a padding candidate.
-_NEG_INF_BITS = int(torch.tensor(float("-inf")).view(torch.int32))
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _FILE = "shard-{:05d}-of-{:05d}.pt"
 _FILE_RE = re.compile(r"shard-(\d{5})-of-(\d{5})\.pt$")
@@ -135,16 +132,7 @@ def _keys(scores: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return ordered.to(torch.int64) * 2**32 + (2**32 - 1 - order)
 
 
-def _merge(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` best of ``(Nq, M)`` candidates, best first, equal scores by smaller id: a stable
-    sort by id, then a stable sort by score (ids may exceed 32 bits, so no packed key)."""
-    by_id = ids.argsort(dim=1, stable=True)
-    scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
-    best = scores.argsort(dim=1, descending=True, stable=True)[:, :k]
-    return scores.gather(1, best), ids.gather(1, best)
-
-
-class ShardedMaxSimIndex:
+class ShardedMaxSimIndex(RankGroup):
     """A document collection split across the ranks of a process group, searched exactly.
 
     Every rank constructs the index with its own documents (collective: every rank of ``group``
@@ -222,65 +210,6 @@ class ShardedMaxSimIndex:
         self._append([block] if block is not None else [], ids, error)
 
     # -- construction ---------------------------------------------------------------------------
-
-    def _setup_group(self, group) -> None:
-        if dist.is_available() and dist.is_initialized():
-            self.group = group
-            self.rank = dist.get_rank(group)
-            self.world_size = dist.get_world_size(group)
-            if self.rank < 0:
-                raise ValueError("this process is not a member of group=")
-        elif group is not None:
-            raise ValueError("group= was given but torch.distributed is not initialised")
-        else:
-            self.group, self.rank, self.world_size = None, 0, 1
-
-    def _default_device(self) -> torch.device:
-        if self.world_size > 1 and self._uses_nccl() and torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-
-    def _uses_nccl(self) -> bool:
-        return "nccl" in str(dist.get_backend(self.group)).lower()
-
-    def _comm_device(self) -> torch.device:
-        """Where collective buffers live: CUDA for NCCL, the CPU for gloo (a backend that maps
-        both, ``"cpu:gloo,cuda:nccl"``, takes the shard's device)."""
-        backend = str(dist.get_backend(self.group)).lower()
-        if "nccl" not in backend:
-            return torch.device("cpu")
-        if self.device.type == "cuda":
-            return self.device
-        if "gloo" in backend:
-            return torch.device("cpu")
-        return torch.device("cuda", torch.cuda.current_device())
-
-    def _gather(self, flat: torch.Tensor) -> torch.Tensor:
-        """``(world_size, *flat.shape)``: every rank's ``flat``, in one collective (a flat
-        output, which both gloo and NCCL take)."""
-        if self.world_size == 1:
-            return flat.unsqueeze(0)
-        comm = self._comm_device()
-        src = flat.to(comm).reshape(-1)
-        out = src.new_empty(self.world_size * src.numel())
-        dist.all_gather_into_tensor(out, src, group=self.group)
-        return out.view(self.world_size, *flat.shape)
-
-    def _agree(self, error: Exception | None, values: Sequence[int]) -> list[list[int]]:
-        """Gather ``values`` from every rank, with whether its input was bad; if any was, raise
-        on every rank (``error`` itself on the rank at fault), so none is left waiting in a later
-        collective."""
-        row = torch.tensor([int(error is not None), *values], dtype=torch.int64)
-        rows = self._gather(row).tolist()
-        bad = [r for r, got in enumerate(rows) if got[0]]
-        if error is not None:
-            raise error
-        if bad:
-            raise ValueError(
-                f"rank(s) {bad} of {self.world_size} rejected their input (their own error names "
-                "it); every rank stops"
-            )
-        return [got[1:] for got in rows]
 
     def _append(self, blocks: list[_Block], ids, error: Exception | None) -> None:
         """Add ``blocks`` (this rank's) with ``ids`` or fresh ones: the collective step of the
@@ -613,20 +542,6 @@ class ShardedMaxSimIndex:
             local = torch.cat([best[2], local], dim=1)
         keys, where = keys.topk(min(k, keys.shape[1]), dim=1)
         return keys, scores.gather(1, where), local.gather(1, where)
-
-    def _exchange(self, scores, ids, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every rank's candidates, padded to ``k`` and sent as one int64 tensor (the float32
-        scores bit-cast), merged into the global top ``k``."""
-        nq, have = scores.shape
-        packed = torch.full((2, nq, k), _NO_DOC, dtype=torch.int64, device=self.device)
-        packed[0].fill_(_NEG_INF_BITS)
-        packed[0, :, :have] = scores.view(torch.int32)
-        packed[1, :, :have] = ids
-        every = self._gather(packed)  # (world, 2, nq, k)
-        all_scores = every[:, 0].to(torch.int32).view(torch.float32).permute(1, 0, 2)
-        all_ids = every[:, 1].permute(1, 0, 2)
-        scores, ids = _merge(all_scores.reshape(nq, -1), all_ids.reshape(nq, -1), k)
-        return scores.to(self.device), ids.to(self.device)
 
     # -- files ----------------------------------------------------------------------------------
 
