@@ -28,7 +28,7 @@ def candidates(probes: torch.Tensor, list_offsets, list_docs, n_docs: int):
     """``(pair_query int32, pair_doc int32)`` sorted by query then document: for every query ``i``
     the documents of the lists of ``probes[i]`` (centroid ids; negative entries probe nothing),
     each once. Two host synchronisations: the size of the gathered lists and of the unique pairs."""
-    nq, width = probes.shape
+    width = probes.shape[1]
     ordered = probes.sort(dim=1).values
     # a centroid probed by several query tokens is read once
     first = torch.ones_like(ordered, dtype=torch.bool)
