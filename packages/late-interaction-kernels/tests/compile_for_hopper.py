@@ -12,6 +12,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from late_interaction_kernels.ops.compressed import kernels as compressed
 from late_interaction_kernels.ops.maxsim import backward, forward
 
 TARGET = GPUTarget("cuda", 90, 32)
@@ -126,6 +127,21 @@ def main() -> int:
             check(label, backward.maxsim_grad_d_dense_kernel, sig, cx)
     sig = {"G": "*fp32", "X": "*bf16", "OUT": "*fp32", "n_rows": "i32", "dim": "i32"}
     check("normalize backward", backward.normalize_backward_kernel, sig, dict(BLOCK_K=64, BLOCK_R=32))
+    # the compressed index's pair kernels, at the shapes and dtypes a search launches them with
+    sig = {"QCS": "*fp16", "PAIR_Q": "*i32", "PAIR_D": "*i32", "CODES": "*i32", "DOC_OFF": "*i64",
+           "OUT": "*fp32", "n_centroids": "i32", "lq": "i32", "max_len": "i32"}  # fmt: skip
+    check("compressed centroid pairs", compressed.centroid_pair_kernel, sig,
+          dict(DYNAMIC_BOUNDS=True, BLOCK_L=64, BLOCK_Q=32))  # fmt: skip
+    pairs = {"Q": "*fp16", "PAIR_Q": "*i32", "PAIR_D": "*i32", "DOC_OFF": "*i64", "TOKENS": "*fp16",
+             "CODES": "*i32", "PACKED": "*u8", "C": "*fp16", "W": "*fp32", "OUT": "*fp32",
+             "lq": "i32", "dim": "i32", "width": "i32", "max_len": "i32"}  # fmt: skip
+    for compressed_tokens, nbits, dtype in ((True, 2, "fp16"), (True, 4, "fp16"), (False, 1, "fp16"),
+                                             (True, 2, "fp32"), (False, 1, "fp32")):  # fmt: skip
+        cx = dict(COMPRESSED=compressed_tokens, NBITS=nbits, PER_BYTE=8 // nbits, UPCAST=dtype == "fp32",
+                  DYNAMIC_BOUNDS=True, IEEE=dtype == "fp32", BLOCK_Q=32, BLOCK_T=64, BLOCK_D=128)  # fmt: skip
+        sig = dict(pairs, Q="*" + dtype, TOKENS="*" + dtype, C="*" + dtype)
+        check(f"compressed pair maxsim compressed={compressed_tokens} nbits={nbits} {dtype}",
+              compressed.pair_maxsim_kernel, sig, cx)  # fmt: skip
     # each compile is one CPU's work: forked workers (the kernels stay in JOBS, never pickled)
     workers = min(len(JOBS), os.cpu_count() or 1)
     context = multiprocessing.get_context("fork")

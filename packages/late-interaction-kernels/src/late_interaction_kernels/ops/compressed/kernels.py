@@ -20,15 +20,21 @@ import triton.language as tl
 
 
 @triton.jit
+def load_pair(PAIR_Q, PAIR_D, DOC_OFF, p):
+    """Pair ``p``: its query, its document's first token row and token count."""
+    qi = tl.load(PAIR_Q + p).to(tl.int64)
+    doc = tl.load(PAIR_D + p).to(tl.int64)
+    lo = tl.load(DOC_OFF + doc)
+    return qi, lo, (tl.load(DOC_OFF + doc + 1) - lo).to(tl.int32)
+
+
+@triton.jit
 def centroid_pair_kernel(
     QCS, PAIR_Q, PAIR_D, CODES, DOC_OFF, OUT, n_centroids, lq, max_len,
     DYNAMIC_BOUNDS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_Q: tl.constexpr,
 ):  # fmt: skip
     p = tl.program_id(0)
-    qi = tl.load(PAIR_Q + p).to(tl.int64)
-    doc = tl.load(PAIR_D + p).to(tl.int64)
-    lo = tl.load(DOC_OFF + doc)
-    n_tok = (tl.load(DOC_OFF + doc + 1) - lo).to(tl.int32)
+    qi, lo, n_tok = load_pair(PAIR_Q, PAIR_D, DOC_OFF, p)
     base = QCS + qi * n_centroids * lq
     total = 0.0
     for q0 in range(0, lq, BLOCK_Q):
@@ -57,10 +63,7 @@ def pair_maxsim_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     p = tl.program_id(0)
-    qi = tl.load(PAIR_Q + p).to(tl.int64)
-    doc = tl.load(PAIR_D + p).to(tl.int64)
-    lo = tl.load(DOC_OFF + doc)
-    n_tok = (tl.load(DOC_OFF + doc + 1) - lo).to(tl.int32)
+    qi, lo, n_tok = load_pair(PAIR_Q, PAIR_D, DOC_OFF, p)
     f = tl.arange(0, BLOCK_D)
     f_ok = f < dim
     total = 0.0
