@@ -160,7 +160,7 @@ def test_search_with_rerank_is_exact(device, seed):
 
 
 def test_search_scores_are_decompressed_maxsim(seed):
-    _docs, index, Q = _index_and_exact(seed, "cpu", nbits=4)
+    _docs, index, Q = _index_and_exact(seed, "cpu", nbits=4, keep_full=None)
     scores, ids = index.search(Q, 4, n_probe=3, n_candidates=20)
     tokens = decompress_reference(index.codes, index.residuals, index.centroids,
                                   index.bucket_weights, index.nbits)  # fmt: skip
@@ -252,3 +252,18 @@ def test_default_centroids_follows_plaid():
     assert codec_mod.default_centroids(80_000_000) == 131072
     assert codec_mod.default_centroids(8_000_000) == 32768
     assert codec_mod.default_centroids(3) == 3
+
+
+def test_kept_tokens_survive_adds_and_saves(tmp_path, seed):
+    gen = torch.Generator().manual_seed(seed)
+    docs = [_unit(torch.randn(int(torch.randint(1, 6, (1,), generator=gen)), 16, generator=gen)) for _ in range(30)]
+    index = CompressedMaxSimIndex.build(docs[:10], n_centroids=4, kmeans_iters=1)
+    for part in (docs[10:11], docs[11:25], docs[25:]):  # a small add, then ones past the room left
+        index.add(part)
+    for i, doc in enumerate(docs):
+        assert torch.equal(index.document_tokens(i), doc)
+    path = tmp_path / "grown.pt"
+    index.save(path)
+    loaded = CompressedMaxSimIndex.load(path)
+    assert loaded.full.shape == (sum(d.shape[0] for d in docs), 16)
+    assert all(torch.equal(loaded.document_tokens(i), doc) for i, doc in enumerate(docs))

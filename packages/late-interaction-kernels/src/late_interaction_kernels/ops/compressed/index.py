@@ -173,7 +173,10 @@ class CompressedMaxSimIndex:
             "doc_offsets": doc_offsets.to(device),
             "live": torch.ones(lengths.shape[0], dtype=torch.bool, device=device),
         }  # fmt: skip
-        state.update(_encode_all(tokens, state, device, dtype, first_doc=0, offsets=doc_offsets))
+        store = _new_store(n_tok, dim, keep_full, device, dtype)
+        state.update(_encode_all(tokens, state, device, dtype, first_doc=0, offsets=doc_offsets,
+                                 store=store))  # fmt: skip
+        state["_full_store"], state["full"] = store, store
         if keep_full == "host":
             state["host_offsets"] = doc_offsets.clone()
         state["max_len"] = int(lengths.max())
@@ -372,15 +375,22 @@ class CompressedMaxSimIndex:
         offsets = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64)
         offsets[1:] = torch.cumsum(lengths, 0)
         state = {name: getattr(self, name) for name in ("centroids", "cutoffs", "nbits", "normalize", "keep_full")}
-        new = _encode_all(tokens, state, self.device, self.centroids.dtype, first_doc=first, offsets=offsets)
+        used = self.codes.shape[0]
+        if self.full is not None and self._full_store.shape[0] < used + tokens.shape[0]:
+            # room for a quarter more, so that a run of small adds copies the tokens rarely
+            grown = _new_store(int(1.25 * (used + tokens.shape[0])), self.dim, self.keep_full,
+                               self.device, self.full.dtype)  # fmt: skip
+            grown[:used].copy_(self.full)
+            self._full_store = grown
+        store = None if self.full is None else self._full_store[used : used + tokens.shape[0]]
+        new = _encode_all(tokens, state, self.device, self.centroids.dtype, first_doc=first,
+                          offsets=offsets, store=store)  # fmt: skip
         base = self.doc_offsets[-1]
         self.doc_offsets = torch.cat([self.doc_offsets, base + offsets[1:].to(self.device)])
         self.codes = torch.cat([self.codes, new["codes"]])
         self.residuals = torch.cat([self.residuals, new["residuals"]])
         if self.full is not None:
-            self.full = torch.cat([self.full, new["full"]])
-            if self.full.device.type == "cpu" and torch.cuda.is_available():
-                self.full = self.full.pin_memory()
+            self.full = self._full_store[: used + tokens.shape[0]]
             self.host_offsets = self.doc_offsets.cpu()
         self.live = torch.cat([self.live, torch.ones(lengths.shape[0], dtype=torch.bool, device=self.device)])
         self.max_len = max(self.max_len, int(lengths.max()))
@@ -410,6 +420,8 @@ class CompressedMaxSimIndex:
         state = {"format": FORMAT}
         for name in self._SAVED:
             value = getattr(self, name)
+            if isinstance(value, torch.Tensor) and value.untyped_storage().nbytes() != value.nbytes:
+                value = value.clone()  # a view of a larger buffer: save only its rows
             state[name] = value.cpu() if isinstance(value, torch.Tensor) else value
         torch.save(state, path)
 
@@ -442,6 +454,7 @@ class CompressedMaxSimIndex:
         state["centroids"] = state["centroids"].to(dtype)
         if state["full"] is not None and state["keep_full"] == "host":
             state["host_offsets"] = state["doc_offsets"].cpu()
+        state["_full_store"] = state["full"]
         del state["format"]
         return cls(state)
 
@@ -484,10 +497,21 @@ def _raise_nonfinite(x, offsets, first_row: int, first_doc: int):
     raise ValueError(f"documents[{first_doc + doc}] holds NaN or infinite values")
 
 
-def _encode_all(tokens, state, device, dtype, *, first_doc: int, offsets) -> dict:
-    """Codes, residuals (and kept tokens) of packed ``tokens``, a chunk at a time."""
-    codes, residuals, full = [], [], []
-    keep = state["keep_full"]
+def _new_store(rows: int, dim: int, keep, device, dtype) -> torch.Tensor | None:
+    """Room for ``rows`` kept tokens: on the device, or in pinned host memory (fp16 for a CUDA
+    index, mapped into the GPU's address space; float32 for a CPU one)."""
+    if keep is None:
+        return None
+    if keep == "device":
+        return torch.empty(rows, dim, dtype=dtype, device=device)
+    host_dtype = torch.float16 if device.type == "cuda" else dtype
+    return torch.empty(rows, dim, dtype=host_dtype, pin_memory=torch.cuda.is_available())
+
+
+def _encode_all(tokens, state, device, dtype, *, first_doc: int, offsets, store) -> dict:
+    """Codes and residuals of packed ``tokens``, a chunk at a time; the tokens themselves are
+    copied into ``store`` when the index keeps them."""
+    codes, residuals = [], []
     for s in range(0, tokens.shape[0], ENCODE_CHUNK):
         x = tokens[s : s + ENCODE_CHUNK]
         try:
@@ -497,16 +521,11 @@ def _encode_all(tokens, state, device, dtype, *, first_doc: int, offsets) -> dic
         c, r = codec.encode(x, state["centroids"], state["cutoffs"], state["nbits"])
         codes.append(c)
         residuals.append(r)
-        if keep is not None:
-            full.append(x.half() if keep == "host" else x)
-    out = {"codes": torch.cat(codes), "residuals": torch.cat(residuals), "full": None}
-    if keep == "device":
-        out["full"] = torch.cat(full)
-    elif keep == "host":
-        out["full"] = torch.cat([f.cpu() for f in full])
-        if torch.cuda.is_available():
-            out["full"] = out["full"].pin_memory()
-    return out
+        if store is not None:
+            store[s : s + x.shape[0]].copy_(x, non_blocking=True)
+    if store is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)  # the copies into pinned memory are done before any use
+    return {"codes": torch.cat(codes), "residuals": torch.cat(residuals)}
 
 
 def _best_per_query(scores, pair_query, pair_doc, nq: int, n: int, also_read=None) -> torch.Tensor:
