@@ -46,8 +46,19 @@ def _options(**kw) -> RayServeOptions:
     )
 
 
+#: Serve kills a proxy that has not answered its readiness check in 5 s, three times over: on a
+#: loaded two-core machine its start (imports, the HTTP server) takes longer. The actors inherit
+#: these from the driver's environment when ray.init starts the local cluster.
+SLOW_MACHINE_ENV = {
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "120",
+    "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S": "120",
+}
+
+
 @pytest.fixture(scope="module")
 def ray_url():
+    for name, value in SLOW_MACHINE_ENV.items():
+        os.environ.setdefault(name, value)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning")
     try:
         port = free_port()
