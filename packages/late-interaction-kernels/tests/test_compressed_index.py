@@ -267,3 +267,20 @@ def test_kept_tokens_survive_adds_and_saves(tmp_path, seed):
     loaded = CompressedMaxSimIndex.load(path)
     assert loaded.full.shape == (sum(d.shape[0] for d in docs), 16)
     assert all(torch.equal(loaded.document_tokens(i), doc) for i, doc in enumerate(docs))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("keep_full", ["host", "device"])
+def test_cuda_search_reranks_from_kept_tokens(keep_full, seed):
+    """On CUDA the rerank kernel reads pinned host tokens in place (mapped memory) or the
+    card's copy; either way the result is exact MaxSim over the fp16 tokens."""
+    docs, index, Q = _index_and_exact(seed, "cpu", n_docs=300, keep_full=keep_full, device="cuda")
+    assert index.full.is_pinned() == (keep_full == "host")
+    scores, ids = index.search(Q.cuda(), 5, n_probe=16, n_candidates=300, n_rerank=300)
+    half = [d.half().float() for d in docs]
+    exact_scores, exact_ids = MaxSimIndex(half).topk(Q.half().float(), 5)
+    assert torch.equal(ids.cpu(), exact_ids)
+    torch.testing.assert_close(scores.cpu(), exact_scores, rtol=2e-3, atol=2e-3)
+    index.add(docs[:5])
+    assert torch.equal(index.document_tokens(300).cpu().float(), half[0])
