@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The compressed index on one GPU: its GPU tests, then benchmarks/retrieval.py (ours exact, ours
-# compressed, fast-plaid) at the sizes in RETRIEVAL_DOCS. fast-plaid and its needs travel as wheels
-# in .gpu-wheels/ (see the benchmark's docstring). JSON and logs go to $OUT.
+# compressed, fast-plaid) at the sizes in RETRIEVAL_DOCS. JSON and logs go to $OUT. fast-plaid and
+# its needs travel as wheels in .gpu-wheels/ (git-ignored), fetched beforehand with
+#   pip download --no-deps --python-version 3.12 --only-binary=:all: \
+#       --platform manylinux_2_28_x86_64 -d .gpu-wheels \
+#       fast-plaid==1.7.0.2110 fastkmeans==0.5.0 usearch numkong joblib filelock
 #   RETRIEVAL_DOCS="100000" RETRIEVAL_SYSTEMS="exact compressed fast-plaid" bash tools/gpu/compressed_index.sh
 set -uo pipefail
 OUT=${OUT:-gpu-results}
