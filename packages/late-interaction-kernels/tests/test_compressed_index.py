@@ -130,7 +130,7 @@ def test_pair_kernels_half_precision_on_gpu(seed):
     assert ((got.double() - ref).abs() / ref.abs().clamp_min(1)).max() < 2e-3
 
 
-def _index_and_exact(seed, device, n_docs=60, dim=16, **options):
+def _index_and_exact(seed, device, n_docs=24, dim=16, **options):
     gen = torch.Generator().manual_seed(seed)
     topics = _unit(torch.randn(6, dim, generator=gen))
     docs = []
@@ -140,8 +140,8 @@ def _index_and_exact(seed, device, n_docs=60, dim=16, **options):
         docs.append(_unit(t + 0.6 * torch.randn(n, dim, generator=gen)).to(device))
     options.setdefault("n_centroids", 16)
     index = CompressedMaxSimIndex.build(docs, seed=seed, **options)
-    Q = _unit(topics[torch.randint(0, 6, (4,), generator=gen)][:, None]
-              + 0.6 * torch.randn(4, 5, dim, generator=gen)).to(device)  # fmt: skip
+    Q = _unit(topics[torch.randint(0, 6, (3,), generator=gen)][:, None]
+              + 0.6 * torch.randn(3, 5, dim, generator=gen)).to(device)  # fmt: skip
     return docs, index, Q
 
 
@@ -150,11 +150,11 @@ def test_search_with_rerank_is_exact(device, seed):
     docs, index, Q = _index_and_exact(seed, device, keep_full="device", nbits=2)
     exact_scores, _exact_ids = MaxSimIndex(docs).topk(Q, 5)
     # every document is a candidate (n_candidates covers the collection) and reaches the rerank
-    scores, ids = index.search(Q, 5, n_probe=16, n_candidates=60, n_rerank=60)
+    scores, ids = index.search(Q, 5, n_probe=16, n_candidates=24, n_rerank=24)
     # on CUDA the index keeps fp16 tokens and scores fp16 queries (float32 accumulation)
     tol = 1e-4 if device == "cpu" else 3e-3
     torch.testing.assert_close(scores.cpu(), exact_scores.cpu(), rtol=tol, atol=tol)
-    assert ids.dtype == torch.int64 and ids.shape == (4, 5)
+    assert ids.dtype == torch.int64 and ids.shape == (3, 5)
     got = MaxSimIndex(docs).scores(Q).gather(1, ids)
     torch.testing.assert_close(got.cpu(), exact_scores.cpu(), rtol=tol, atol=tol)
 
@@ -182,20 +182,20 @@ def test_search_scores_are_decompressed_maxsim(seed):
 
 def test_add_and_delete(seed):
     docs, index, Q = _index_and_exact(seed, "cpu", keep_full="host")
-    full_scores, full_ids = index.search(Q, 5, n_probe=16, n_candidates=80, n_rerank=80)
-    part = CompressedMaxSimIndex.build(docs[:50], n_centroids=16, seed=seed, keep_full="host")
-    new_ids = part.add(docs[50:])
-    assert new_ids.tolist() == list(range(50, len(docs)))
-    scores, ids = part.search(Q, 5, n_probe=16, n_candidates=80, n_rerank=80)
+    full_scores, full_ids = index.search(Q, 5, n_probe=16, n_candidates=30, n_rerank=30)
+    part = CompressedMaxSimIndex.build(docs[:20], n_centroids=16, seed=seed, keep_full="host")
+    new_ids = part.add(docs[20:])
+    assert new_ids.tolist() == list(range(20, len(docs)))
+    scores, ids = part.search(Q, 5, n_probe=16, n_candidates=30, n_rerank=30)
     assert torch.equal(ids, full_ids)
     torch.testing.assert_close(scores, full_scores)
     gone = full_ids[:, 0].unique()
     part.delete(gone)
     assert len(part) == len(docs) - gone.numel()
-    _, after = part.search(Q, 5, n_probe=16, n_candidates=80)
+    _, after = part.search(Q, 5, n_probe=16, n_candidates=30)
     assert not torch.isin(after, gone).any()
     part.add(docs[:2])  # deleted ids stay deleted after an add
-    _, again = part.search(Q, 5, n_probe=16, n_candidates=80)
+    _, again = part.search(Q, 5, n_probe=16, n_candidates=30)
     assert not torch.isin(again, gone).any()
 
 
