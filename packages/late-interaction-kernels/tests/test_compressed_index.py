@@ -284,3 +284,9 @@ def test_cuda_search_reranks_from_kept_tokens(keep_full, seed):
     torch.testing.assert_close(scores.cpu(), exact_scores, rtol=2e-3, atol=2e-3)
     index.add(docs[:5])
     assert torch.equal(index.document_tokens(300).cpu().float(), half[0])
+
+
+def test_a_rerank_narrower_than_k_still_returns_k(seed):
+    _docs, index, Q = _index_and_exact(seed, "cpu", keep_full="host")
+    scores, ids = index.search(Q, 5, n_probe=16, n_candidates=24, n_rerank=2)
+    assert (ids >= 0).all() and torch.isfinite(scores).all()

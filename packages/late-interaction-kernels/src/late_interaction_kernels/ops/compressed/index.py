@@ -230,7 +230,8 @@ class CompressedMaxSimIndex:
             n_candidates: candidates per query kept after the centroid score and scored on their
                 decompressed tokens (the whole collection is a candidate when it holds no more).
             n_rerank: with ``keep_full``, the best this many (by the decompressed score) are scored
-                on their stored tokens (default ``max(4 k, 32)``); 0 turns the rerank off.
+                on their stored tokens (default ``max(4 k, 32)``, at least ``k``); 0 turns the
+                rerank off.
             backend: ``"triton"``, ``"interpret"`` or ``"torch"`` (default: by device).
 
         Scores are exact MaxSim for reranked results and the decompressed tokens' MaxSim
@@ -250,6 +251,7 @@ class CompressedMaxSimIndex:
         if n_rerank is None:
             n_rerank = max(4 * k, 32) if self.full is not None else 0
         n_rerank = _int_option("n_rerank", n_rerank, 0) if self.full is not None else 0
+        n_rerank = max(n_rerank, k) if n_rerank else 0  # the rerank returns all k
         Qc, valid = self._prepare_queries(Q, q_mask)
         nq, lq = Qc.shape[:2]
         per_chunk = max(1, SCORE_BLOCK_BYTES // max(1, self.centroids.shape[0] * lq * Qc.element_size()))
