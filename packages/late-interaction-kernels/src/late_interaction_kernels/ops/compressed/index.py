@@ -160,7 +160,7 @@ class CompressedMaxSimIndex:
         doc_offsets = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64)
         doc_offsets[1:] = torch.cumsum(lengths, 0)
         try:
-            sample = _prepare_tokens(tokens[rows.to(tokens.device)], device, dtype, normalize, 0)
+            sample = _prepare_tokens(tokens[rows.to(tokens.device)], device, dtype, normalize)
         except ValueError:
             _raise_nonfinite(tokens, doc_offsets, 0, 0)
         centroids, cutoffs, weights = codec.train(
@@ -482,7 +482,7 @@ def _check_state(state: dict, source: str) -> None:
         raise ValueError(f"{source!r} does not hold a valid CompressedMaxSimIndex (inconsistent fields)")
 
 
-def _prepare_tokens(tokens, device, dtype, normalize: bool, first_doc: int) -> torch.Tensor:
+def _prepare_tokens(tokens, device, dtype, normalize: bool) -> torch.Tensor:
     x = tokens.to(device, non_blocking=True)
     if x.numel() and not bool(torch.isfinite(x).all()):
         raise ValueError("documents hold NaN or infinite values")
@@ -517,7 +517,7 @@ def _encode_all(tokens, state, device, dtype, *, first_doc: int, offsets, store)
     for s in range(0, tokens.shape[0], ENCODE_CHUNK):
         x = tokens[s : s + ENCODE_CHUNK]
         try:
-            x = _prepare_tokens(x, device, dtype, state["normalize"], first_doc)
+            x = _prepare_tokens(x, device, dtype, state["normalize"])
         except ValueError:
             _raise_nonfinite(x, offsets, s, first_doc)
         c, r = codec.encode(x, state["centroids"], state["cutoffs"], state["nbits"])

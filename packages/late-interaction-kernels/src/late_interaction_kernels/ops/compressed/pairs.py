@@ -53,7 +53,7 @@ def _empty_pairs(pair_query: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.float32, device=pair_query.device)
 
 
-def _padded_docs(pair_doc, doc_offsets, fetch, max_len: int):
+def _padded_docs(pair_doc, doc_offsets, fetch):
     """``(tokens (P, L, d) float32, valid (P, L))`` of the pairs' documents, ``L`` the longest."""
     lo = doc_offsets[pair_doc]
     n = doc_offsets[pair_doc + 1] - lo
@@ -68,7 +68,7 @@ def _torch_maxsim(Q, pair_query, pair_doc, doc_offsets, fetch) -> torch.Tensor:
     out = torch.empty(pair_query.shape[0], dtype=torch.float32, device=Q.device)
     for s in range(0, pair_query.shape[0], TORCH_PAIRS):
         pq, pd = pair_query[s : s + TORCH_PAIRS].long(), pair_doc[s : s + TORCH_PAIRS].long()
-        docs, valid = _padded_docs(pd, doc_offsets, fetch, 0)
+        docs, valid = _padded_docs(pd, doc_offsets, fetch)
         sim = torch.einsum("ptd,pjd->ptj", Q[pq].float(), docs)
         best = sim.masked_fill(~valid[:, None, :], float("-inf")).max(2).values
         out[s : s + TORCH_PAIRS] = torch.where(valid.any(1)[:, None], best, 0.0).sum(1)
@@ -141,7 +141,7 @@ def centroid_pair_scores(
         out = _output(out, pair_query)
         for s in range(0, pair_query.shape[0], TORCH_PAIRS):
             pq, pd = pair_query[s : s + TORCH_PAIRS].long(), pair_doc[s : s + TORCH_PAIRS].long()
-            rows, valid = _padded_docs(pd, doc_offsets, lambda r: codes[r].long()[:, None], 0)
+            rows, valid = _padded_docs(pd, doc_offsets, lambda r: codes[r].long()[:, None])
             gathered = qcs[pq[:, None], rows[..., 0]].float()  # (P, L, Lq)
             best = gathered.masked_fill(~valid[..., None], float("-inf")).max(1).values
             out[s : s + TORCH_PAIRS] = torch.where(valid.any(1)[:, None], best, 0.0).sum(1)

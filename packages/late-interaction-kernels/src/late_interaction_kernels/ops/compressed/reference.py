@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import torch
 
+from ..plaid.reference import unpack_residuals_reference
+
 
 def unpack_buckets(residuals: torch.Tensor, nbits: int, d: int) -> torch.Tensor:
-    """``(..., d * nbits / 8)`` uint8 → bucket indices ``(..., d)`` int64."""
-    per_byte = 8 // nbits
-    f = torch.arange(d, device=residuals.device)
-    shifts = (f % per_byte) * nbits
-    raw = residuals.long()[..., f // per_byte]
-    return (raw >> shifts) & ((1 << nbits) - 1)
+    """``(..., d * nbits / 8)`` uint8 → bucket indices ``(..., d)`` int64 (the PLAID layout's
+    order, :func:`..plaid.reference.unpack_residuals_reference`)."""
+    return unpack_residuals_reference(residuals, nbits, d).long()
 
 
 def pack_buckets(buckets: torch.Tensor, nbits: int) -> torch.Tensor:
