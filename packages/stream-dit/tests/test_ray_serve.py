@@ -65,7 +65,7 @@ def ray_url():
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(_options()), name=APP, route_prefix="/")
         url = f"http://127.0.0.1:{port}"
-        assert wait_for(lambda: _health(url).get("replicas_ready") == 2, timeout=60)
+        assert wait_for(lambda: _health(url).get("replicas_ready") == 2, timeout=READY_S)
         yield url
     finally:
         serve.shutdown()
@@ -146,13 +146,49 @@ def _dechunk(data: bytes) -> bytes:
         i = end + 2 + size + 2
 
 
-async def _until_not_503(url, path, raw, deadline, **opts):
-    """POST until the answer is not 503 (honouring Retry-After), within the deadline."""
+#: A client load fails as hung when no request has been answered (other than 503) for this long.
+#: It bounds a hang, not the load: a slow machine may take as long as it needs while answers flow.
+STALL_S = 180.0
+#: Waits on a state (replicas ready, slots freed) return as soon as it holds; this only bounds a
+#: state that never comes.
+READY_S = 300.0
+
+
+class Progress:
+    """When a request last got a real answer (not a 503): the load's sign of life."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+
+    def answered(self) -> None:
+        self.last = time.monotonic()
+
+    def stalled(self) -> bool:
+        return time.monotonic() - self.last > STALL_S
+
+
+async def _until_not_503(url, path, raw, progress: Progress, **opts):
+    """POST until the answer is not 503 (honouring Retry-After); the caller's watchdog ends a
+    load in which nothing is answered any more."""
     while True:
         status, headers, payload = await _exchange(url, path, raw, **opts)
-        if status != 503 or time.monotonic() > deadline:
+        if status != 503:
+            progress.answered()
             return status, headers, payload
         await asyncio.sleep(float(headers.get("retry-after", "1")))
+
+
+async def _gather_while_answered(tasks, progress: Progress) -> None:
+    """Wait for every task; fail (naming how many are left) once answers stop for STALL_S."""
+    pending = set(tasks)
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+        if pending and progress.stalled():
+            for task in pending:
+                task.cancel()
+            raise AssertionError(f"{len(pending)} clients unanswered for {STALL_S:.0f} s: a hang")
+    for task in tasks:
+        task.result()  # a client's own failure
 
 
 def _wav_lengths(payload: bytes) -> tuple[int, int]:
@@ -167,21 +203,22 @@ def test_100_mixed_clients_and_a_killed_replica(ray_url, single_url):
     bodies = _bodies()
     reference = []
     for body in bodies:
-        resp = httpx.post(f"{single_url}/generate", json=body, timeout=60)
+        resp = httpx.post(f"{single_url}/generate", json=body, timeout=STALL_S)
         assert resp.status_code == 200, resp.text
         reference.append(np.load(io.BytesIO(resp.content)))
     bad = malformed_requests(SPEC.max_frames)
     victim = _health(ray_url)["replicas"][0]
     outcomes: dict[str, list] = {"latent": [], "stream": [], "bad": [], "big": [], "cut": []}
 
-    async def client(i: int, started: asyncio.Event, deadline: float) -> None:
+    async def client(i: int, started: asyncio.Event, progress: Progress) -> None:
         kind = i % 10
         if kind == 7:  # malformed: its 4xx (503 only while too many bodies are arriving)
             name, raw, opts = bad[(i // 10) % len(bad)]
-            status, _, _ = await _until_not_503(ray_url, "/generate", raw, deadline, **opts)
+            status, _, _ = await _until_not_503(ray_url, "/generate", raw, progress, **opts)
             outcomes["bad"].append((name, status))
         elif kind == 8:  # oversized and still sending when the server has decided
             status, headers, payload = await _exchange(ray_url, "/generate", b" " * (1 << 20))
+            progress.answered()
             outcomes["big"].append((status, headers.get("connection"), payload))
         elif kind == 9:  # cut: hangs up mid-upload, or mid-request (a latent or a stream)
             raw = json.dumps(bodies[i % len(bodies)]).encode()
@@ -190,29 +227,30 @@ def test_100_mixed_clients_and_a_killed_replica(ray_url, single_url):
             await _exchange(
                 ray_url, path, raw, send=len(raw) // 2 if mid_upload else None, hang_up=0.05
             )
+            progress.answered()
             outcomes["cut"].append(mid_upload)
         elif kind == 6:  # streamed audio
             raw = json.dumps(bodies[i % len(bodies)]).encode()
             status, _, payload = await _until_not_503(
-                ray_url, "/generate/audio/stream", raw, deadline
+                ray_url, "/generate/audio/stream", raw, progress
             )
             outcomes["stream"].append((status, payload))
         else:
             which = i % len(bodies)
             raw = json.dumps(bodies[which]).encode()
-            status, _, payload = await _until_not_503(ray_url, "/generate", raw, deadline)
+            status, _, payload = await _until_not_503(ray_url, "/generate", raw, progress)
             outcomes["latent"].append((which, status, payload))
             if status == 200:
                 started.set()
 
     async def load() -> None:
-        deadline = time.monotonic() + 90
+        progress = Progress()
         started = asyncio.Event()
-        clients = [asyncio.ensure_future(client(i, started, deadline)) for i in range(100)]
+        clients = [asyncio.ensure_future(client(i, started, progress)) for i in range(100)]
         # kill one replica once results flow, while most requests are still in flight
-        await asyncio.wait_for(started.wait(), 60)
+        await asyncio.wait_for(started.wait(), STALL_S)
         os.kill(victim["pid"], signal.SIGKILL)
-        await asyncio.wait_for(asyncio.gather(*clients), 120)  # nobody hangs
+        await _gather_while_answered(clients, progress)  # nobody hangs
 
     asyncio.run(load())
 
@@ -242,7 +280,7 @@ def test_100_mixed_clients_and_a_killed_replica(ray_url, single_url):
     # the cut requests were cancelled on their replicas: nothing is left running
     assert wait_for(
         lambda: _health(ray_url).get("in_flight") == 0 and _health(ray_url).get("active") == 0,
-        timeout=30,
+        timeout=READY_S,
     ), _health(ray_url)
     health = _health(ray_url)
     assert health["routing"].get("retried", 0) >= 1, health["routing"]
@@ -257,12 +295,12 @@ def test_100_mixed_clients_and_a_killed_replica(ray_url, single_url):
             )
             == 2
         ),
-        timeout=60,
+        timeout=READY_S,
         every=0.5,
     ), _health(ray_url)
     # and the new replica answers like the others
     for which, body in enumerate(bodies):
-        resp = httpx.post(f"{ray_url}/generate", json=body, timeout=60)
+        resp = httpx.post(f"{ray_url}/generate", json=body, timeout=STALL_S)
         assert resp.status_code == 200, resp.text
         np.testing.assert_allclose(
             np.load(io.BytesIO(resp.content)), reference[which], atol=1e-4, rtol=1e-4
@@ -273,6 +311,12 @@ def test_full_replicas_answer_503_with_retry_after(ray_url):
     """Every replica's slots and queue taken and the ingress's waiting line full: a valid request
     is told to retry; a malformed one still gets its 4xx; closing the long ones frees it all."""
     long = json.dumps({"frames": 32, "cond_seed": 0, "cond_len": 4, "steps": 100_000}).encode()
+    # both replicas up and idle first (an earlier test may have left one restarting)
+    assert wait_for(
+        lambda: (h := _health(ray_url)).get("replicas_ready") == 2 and h.get("in_flight") == 0,
+        timeout=READY_S,
+        every=0.5,
+    ), _health(ray_url)
 
     async def fill_then_probe():
         host, port = ray_url.removeprefix("http://").split(":")
@@ -289,7 +333,8 @@ def test_full_replicas_answer_503_with_retry_after(ray_url):
             holders.append(writer)
         try:
             # the holders admitted up to the capacity (their bodies go through Ray's proxy first)
-            for _ in range(300):
+            admitted_by = time.monotonic() + READY_S
+            while time.monotonic() < admitted_by:
                 health = await asyncio.to_thread(_health, ray_url)
                 if health.get("in_flight", 0) >= health.get("capacity", 1):
                     break
@@ -297,12 +342,12 @@ def test_full_replicas_answer_503_with_retry_after(ray_url):
             assert health["in_flight"] == health["capacity"] == len(holders), health
             probe = json.dumps({"frames": 8, "cond_seed": 1, "cond_len": 4, "steps": 2}).encode()
             status, headers, payload = await asyncio.wait_for(
-                _exchange(ray_url, "/generate", probe), 30
+                _exchange(ray_url, "/generate", probe), STALL_S
             )
             assert status == 503, (status, payload[:200])
             assert headers.get("retry-after") == "1", headers
             bad_status, _, _ = await asyncio.wait_for(
-                _exchange(ray_url, "/generate", b"{not json"), 30
+                _exchange(ray_url, "/generate", b"{not json"), STALL_S
             )
             assert bad_status == 422
         finally:
@@ -311,12 +356,14 @@ def test_full_replicas_answer_503_with_retry_after(ray_url):
 
     asyncio.run(fill_then_probe())
     # closing them cancelled them on their replicas: every slot is free again
-    assert wait_for(lambda: _health(ray_url).get("in_flight") == 0, timeout=30), _health(ray_url)
-    assert wait_for(lambda: _health(ray_url).get("active") == 0, timeout=30), _health(ray_url)
+    assert wait_for(
+        lambda: (h := _health(ray_url)).get("in_flight") == 0 and h.get("active") == 0,
+        timeout=READY_S,
+    ), _health(ray_url)
     ok = httpx.post(
         f"{ray_url}/generate",
         json={"frames": 8, "cond_seed": 1, "cond_len": 4, "steps": 2},
-        timeout=60,
+        timeout=STALL_S,
     )
     assert ok.status_code == 200, ok.text
 
