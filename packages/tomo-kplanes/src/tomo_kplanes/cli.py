@@ -509,8 +509,6 @@ def _run(args: argparse.Namespace, device: torch.device, threads: int | None) ->
     if args.tilt_series is not None:
         data, angles = _load_series(args)
         series = torch.from_numpy(data).to(device)
-        scale = float(series.abs().amax().clamp_min(1e-12))
-        series = series / scale  # line integrals of order 1 suit the field's initialisation
         geo = TiltGeometry(torch.from_numpy(angles), tuple(series.shape[1:]))
         size = max(series.shape[1:])
         title = (
@@ -532,6 +530,12 @@ def _run(args: argparse.Namespace, device: torch.device, threads: int | None) ->
             f"Central slices: {_PHANTOM_NAMES[args.phantom]} phantom ({size} x {size} x {size}), "
             f"{geo.num_tilts} tilts of ±{args.max_angle:g}° in {args.angle_step:g}° steps, {noise}"
         )
+    # line integrals of order 1 suit the field's initialisation: a sparse phantom's (a few
+    # particles in an empty box, peak ~0.4) trained as they are collapse to an empty volume
+    scale = float(series.abs().amax().clamp_min(1e-12))
+    series = series / scale
+    # a phantom's volumes go back to its units, to be scored against it; a file's stay normalised
+    units = scale if truth is not None else 1.0
     shape = (geo.detector_shape[0], geo.detector_shape[0], geo.detector_shape[1])
     ckpt = checkpoint_path(args)
     config = reconstruction_config(args, geo)
@@ -541,10 +545,10 @@ def _run(args: argparse.Namespace, device: torch.device, threads: int | None) ->
         print(report, file=sys.stderr)
     t0 = time.perf_counter()
     result = reconstruct(series, geo, config, resume=resumed_from is not None)
-    ours = render_volume(result.object_model, shape)
+    ours = render_volume(result.object_model, shape) * units
     t_ours = time.perf_counter() - t0
     t0 = time.perf_counter()
-    baseline = sirt(series, geo, shape, iterations=args.sirt_iterations, n_samples=size)
+    baseline = sirt(series, geo, shape, iterations=args.sirt_iterations, n_samples=size) * units
     t_sirt = time.perf_counter() - t0
     out = args.output
     out.mkdir(parents=True, exist_ok=True)
@@ -554,6 +558,8 @@ def _run(args: argparse.Namespace, device: torch.device, threads: int | None) ->
         "seconds_ours": t_ours,
         "seconds_sirt": t_sirt,
         "final_loss": result.losses[-1] if result.losses else None,
+        "explained": result.explained,
+        "collapsed": result.collapsed,
         "device": str(device),
         "threads": threads,
     }
@@ -574,6 +580,10 @@ def _run(args: argparse.Namespace, device: torch.device, threads: int | None) ->
     notes = {}
     if truth is not None:
         for key, name, vol in (("ours", ours_name, ours), ("sirt", sirt_name, baseline)):
+            if key == "ours" and result.collapsed:  # an empty volume's score is not a result
+                metrics["psnr_ours"] = metrics["ssim_ours"] = None
+                notes[name] = "collapsed"
+                continue
             metrics[f"psnr_{key}"] = psnr(truth, vol)
             notes[name] = f"PSNR {metrics[f'psnr_{key}']:.1f} dB"
             # SSIM's 11-voxel Gaussian window needs every side >= 11 (null for smaller phantoms)
@@ -614,6 +624,13 @@ def main(argv: list[str] | None = None) -> int:
         summary = {k: v for k, v in metrics.items() if k != "files"}
         print(json.dumps(summary, indent=2))
         print(f"wrote {args.output}")
+        if metrics["collapsed"]:
+            print(
+                "tomo-kplanes reconstruct: error: the reconstruction collapsed to an empty "
+                "volume, which is not a result; try another --seed or a smaller --volume-tv",
+                file=sys.stderr,
+            )
+            return 1
     return 0
 
 

@@ -117,6 +117,15 @@ class ReconstructionConfig:
         return replace(self, **{k: v for k, v in auto.items() if getattr(self, k) is None})
 
 
+#: A field whose projections carry less than this share of the data's signal energy has collapsed
+#: to an (almost) empty volume: every density pushed into the activation's flat zero.
+COLLAPSE_ENERGY = 0.01
+
+
+class CollapsedReconstructionWarning(UserWarning):
+    """The trained field is an (almost) empty volume though the tilt series is not."""
+
+
 @dataclass
 class ReconstructionResult:
     object_model: TomographyObject
@@ -126,6 +135,13 @@ class ReconstructionResult:
     stopped_early: bool
     #: the settings the run used, automatic ones filled in (:meth:`ReconstructionConfig.resolved`)
     config: ReconstructionConfig | None = None
+    #: share of the held-out pixels' signal energy the field explains, ``1 - |Ax - b|² / |b|²``
+    #: (training pixels when nothing is held out; 1.0 for an all-zero series; negative when the
+    #: field fits worse than an empty volume, as after too few steps)
+    explained: float = 1.0
+    #: the field's projections carry under ``COLLAPSE_ENERGY`` of the data's energy: an empty
+    #: volume, not a reconstruction
+    collapsed: bool = False
 
 
 def build_object(config: ReconstructionConfig, device: torch.device | str) -> TomographyObject:
@@ -361,7 +377,21 @@ def reconstruct(
                 ckpt,
             )
     bar.close()
-    return ReconstructionResult(obj, losses, held_losses, step + 1, stopped, config)
+    fit_rays = held_rays if held_rays.numel() else train_rays[: 8 * config.rays_per_batch]
+    explained, carried = _fit(obj, geometry, fit_rays, target, config)
+    collapsed = carried < COLLAPSE_ENERGY
+    if collapsed:
+        warnings.warn(
+            f"the reconstruction collapsed to an empty volume: its projections carry "
+            f"{100 * carried:.2g} % of the held-out pixels' signal. The field's initialisation "
+            "suits line integrals of order 1: divide the tilt series by its largest value, or "
+            "lower the learning rates.",
+            CollapsedReconstructionWarning,
+            stacklevel=2,
+        )
+    return ReconstructionResult(
+        obj, losses, held_losses, step + 1, stopped, config, explained, collapsed
+    )
 
 
 class _GradientAverage:
@@ -407,6 +437,24 @@ def _holdout_loss(obj, geometry, rays, target, config) -> float:
         dens = obj.densities(points.reshape(-1, 3)).reshape(points.shape[:2])
         total += float(((dens.sum(1) * steps - target[idx]) ** 2).sum())
     return total / rays.numel()
+
+
+@torch.no_grad()
+def _fit(obj, geometry, rays, target, config) -> tuple[float, float]:
+    """On ``rays``: ``(1 - |Ax - b|² / |b|², |Ax|² / |b|²)``, the share of the data's signal
+    energy the field explains and the share its projections carry (both 1.0 for empty data)."""
+    residual = carried = energy = 0.0
+    for start in range(0, rays.numel(), config.rays_per_batch):
+        idx = rays[start : start + config.rays_per_batch]
+        points, steps = geometry.rays(idx, config.samples_per_ray)
+        dens = obj.densities(points.reshape(-1, 3)).reshape(points.shape[:2])
+        projected, data = (dens.sum(1) * steps).double(), target[idx].double()
+        residual += float(((projected - data) ** 2).sum())
+        carried += float((projected**2).sum())
+        energy += float((data**2).sum())
+    if energy == 0.0:
+        return 1.0, 1.0  # nothing to explain: an empty volume is the answer
+    return 1.0 - residual / energy, carried / energy
 
 
 @torch.no_grad()
