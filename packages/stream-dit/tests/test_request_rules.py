@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from stream_dit import Request, StreamSession, TorchEngine
-from stream_dit.request import MAX_MAGNITUDE, NUMBER_RANGES
+from stream_dit.request import MAX_MAGNITUDE, MAX_STATE_MAGNITUDE, NUMBER_RANGES
+from stream_dit.session import LATENT_LIMIT
 
 
 def _validate(**fields) -> Request:
@@ -75,6 +76,35 @@ def test_the_edges_of_each_range_are_accepted():
             _validate(**{name: low})
     _validate(seed=2**63 - 1, velocity_scale=[MAX_MAGNITUDE, -MAX_MAGNITUDE], dcw=(1, 0))
     assert _validate(dcw=[0.5, 1]).dcw == (0.5, 1.0)
+
+
+def test_state_tensors_past_the_magnitude_bound_are_refused_naming_them():
+    big = MAX_STATE_MAGNITUDE * 2
+    _validate(cond=torch.full((2, 32), MAX_STATE_MAGNITUDE))  # the bound itself is taken
+    for name, fields in (
+        ("cond", {"cond": torch.full((2, 32), 3e38)}),
+        ("negative", {"negative": torch.full((1, 32), -big)}),
+        ("init_latent", {"denoise": 0.5, "init_latent": torch.full((8, 64), big)}),
+    ):
+        with pytest.raises(ValueError, match=f"{name} values must lie in"):
+            _validate(**fields)
+
+
+@pytest.mark.parametrize("cfg_type", ["self", "initialize", "full"])
+def test_residual_guidance_at_the_range_end_saturates_instead_of_overflowing(tiny_model, cfg_type):
+    """Residual CFG multiplies the latent by ~(1 + g·dt) a step: at g = ±1000 over 200 steps it
+    would pass float32's range; the latent is held within ±LATENT_LIMIT, finite."""
+    session = StreamSession(tiny_model, TorchEngine(tiny_model, max_batch=2, max_frames=32), depth=1)
+    for g in (MAX_MAGNITUDE, -MAX_MAGNITUDE):
+        cond = torch.randn(3, 32, generator=torch.Generator().manual_seed(1))
+        h = session.submit(Request(frames=16, cond=cond, steps=200, guidance=g, cfg_type=cfg_type,
+                                   guidance_curve=[MAX_MAGNITUDE]))  # fmt: skip
+        session.run_until_idle()
+        assert torch.isfinite(h.result).all() and h.result.abs().max() <= LATENT_LIMIT
+    # a sensible request never meets the bound
+    h = session.submit(Request(frames=16, cond=cond, steps=8, guidance=3.0, cfg_type=cfg_type))
+    session.run_until_idle()
+    assert h.result.abs().max() < 100
 
 
 class _Diverging(nn.Module):

@@ -205,6 +205,8 @@ FULL_4XX = [
     # finite as JSON, infinite as float32: refused before it can reach a slot
     (json.dumps({"frames": 4, "cond": [[1e39] * 32]}).encode(), 400, "cond must be finite"),
     (json.dumps({"frames": 4, "cond_seed": 1, "denoise": 0.5}).encode(), 400, "init_latent"),
+    # finite in float32, but far past any encoder state: it would overflow inside the model
+    (json.dumps({"frames": 4, "cond": [[1e30] * 32]}).encode(), 400, "cond values must lie in"),
 ]
 
 
@@ -234,31 +236,38 @@ def test_a_full_server_answers_4xx_to_what_can_never_succeed(tiny_model):
             assert status == 413 and "limit is 65536" in json.loads(payload)["detail"]
             counts = _health(url)["counts"]
             assert counts["503"] == 1 and counts["413"] == 2
-            assert counts["422"] == 4 and counts["400"] == 4
+            assert counts["422"] == 4 and counts["400"] == 5
         finally:
             sock.close()
 
 
 def test_bodies_in_transit_are_bounded(tiny_model):
-    """Beyond ``max_uploads`` bodies arriving at once, a request is answered 503 before its body
-    is read (what bounds memory under a flood); an announced over-cap body is still 413."""
+    """At most ``max_uploads`` bodies arrive at once (what bounds memory under a flood): a request
+    past that waits for a place instead of being shed unread, so a malformed one still gets its
+    4xx and a valid one is served; an announced over-cap body is 413 at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
     session = _session(tiny_model, depth=1, max_queue=1)
     app = create_app(session, max_uploads=1, max_body_bytes=64 * 1024, retry_after_s=3)
-    with serving(app) as url:
+    with serving(app) as url, ThreadPoolExecutor(2) as pool:
         host, port = url.removeprefix("http://").split(":")
         slow = socket.create_connection((host, int(port)))
         try:
             slow.sendall(_upload_head(100) + b'{"frames": 4,')  # and then nothing
             assert wait_for(lambda: _health(url)["uploading"] == 1)
-            resp = _post(url, {"frames": 4, "cond_seed": 1, "steps": 2})
-            assert resp.status_code == 503 and resp.headers["retry-after"] == "3"
-            assert "bodies are being received" in resp.text
+            bad = pool.submit(_post, url, b'{"frames": 4, "cond_seed": 1, "colour": "red"}')
+            good = pool.submit(_post, url, {"frames": 4, "cond_seed": 1, "steps": 2})
             status, _, _ = _raw_exchange(url, _upload_head(1 << 30), b"")
             assert status == 413
+            time.sleep(0.5)  # they wait, unread, while the slow body holds the only place
+            assert not bad.done() and not good.done() and _health(url)["uploading"] == 1
         finally:
             slow.close()
+        resp = bad.result()
+        assert resp.status_code == 422 and "colour" in resp.text, resp.text
+        assert good.result().status_code == 200
         assert wait_for(lambda: _health(url)["uploading"] == 0)
-        assert _post(url, {"frames": 4, "cond_seed": 1, "steps": 2}).status_code == 200
+        assert "503" not in _health(url)["counts"]
 
 
 def test_request_timeout_answers_504_and_frees_the_slot(tiny_model):

@@ -5,7 +5,7 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from stream_dit.serve_load import LoadConfig, malformed_requests, run_load
+from stream_dit.serve_load import LoadConfig, extreme_requests, malformed_requests, run_load
 
 
 def test_small_load_run_on_cpu():
@@ -23,6 +23,13 @@ def test_small_load_run_on_cpu():
     assert res.statuses.get("400 overflowing_guidance") == 1, res.statuses
     assert res.statuses.get("422 bool_for_int") == 1, res.statuses
     assert res.statuses.get("422 numeric_string") == 1, res.statuses
+    # finite states past any encoder's are refused up front, not answered 500 after the model
+    assert res.statuses.get("400 huge_cond_values") == 1, res.statuses
+    # valid requests at the far ends of the ranges are served, finite
+    extremes = {k: n for k, n in res.statuses.items() if " extreme " in k}
+    assert sum(extremes.values()) == 30 // cfg.extreme_every, res.statuses
+    assert all(k.startswith("200 ") for k in extremes), extremes
+    assert len(extremes) == min(len(extreme_requests()), 30 // cfg.extreme_every)
     assert res.disconnected == 3 and res.completed == 30 - malformed - 3
     assert res.server_counts.get("503", 0) > 0  # the small queue did push back
     assert res.rss_before_mb is None or res.rss_after_mb - res.rss_before_mb < 200

@@ -31,6 +31,7 @@ from .aio import RequestFailed
 from .http_intake import (
     Reject,
     audio_options,
+    check_query,
     declared_length,
     npy_bytes,
     parse_request,
@@ -123,18 +124,26 @@ def create_http_app(
     app.state.counts = counts
     app.state.backend = backend
 
+    # at most max_uploads bodies are held while they arrive (the memory of a flood stays
+    # bounded); a request past that waits for a place rather than being shed, since deciding
+    # whether it is even valid needs its body, and a malformed one must hear so, not "retry"
+    places: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
+
+    def upload_places() -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()  # one per serving loop (a test may start several)
+        if loop not in places:
+            places.clear()
+            places[loop] = asyncio.Semaphore(limits.max_uploads)
+        return places[loop]
+
     async def read_request(http: HTTPRequest, deadline: float) -> Request:
         nonlocal uploading
         declared = declared_length(http, limits.max_body_bytes)
-        if uploading >= limits.max_uploads:
-            # deciding anything else needs the body; holding more bodies at once would not keep
-            # the memory of a flood bounded
-            raise Reject(
-                503,
-                f"{uploading} request bodies are being received, the server's limit is "
-                f"{limits.max_uploads}",
-                {"Retry-After": str(limits.retry_after_s)},
-            )
+        upload = upload_places()
+        try:
+            await asyncio.wait_for(upload.acquire(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise Reject(504, "no upload place came free within the request timeout") from None
         uploading += 1
         try:
             raw = await asyncio.wait_for(
@@ -145,6 +154,7 @@ def create_http_app(
             raise Reject(504, "the body did not arrive within the request timeout") from None
         finally:
             uploading -= 1
+            upload.release()
         return parse_request(raw, limits, facts)
 
     async def until_done(http: HTTPRequest, aw: Awaitable[Any], deadline: float) -> Any:
@@ -290,6 +300,11 @@ def create_http_app(
 
     @app.post("/generate")
     async def generate(http: HTTPRequest) -> Response:
+        try:
+            check_query(http.query_params, frozenset())
+        except Reject as rej:
+            counts[str(rej.status)] += 1
+            return JSONResponse({"detail": rej.detail}, rej.status)
         return await admit(http, serve_latent)
 
     async def audio_route(http: HTTPRequest, *, stream: bool) -> Response:

@@ -40,6 +40,7 @@ __all__ = [
     "Reject",
     "TooLarge",
     "audio_options",
+    "check_query",
     "declared_length",
     "npy_bytes",
     "parse_request",
@@ -74,6 +75,12 @@ class GenerateBody(BaseModel):
     cfg_type: Literal["none", "full", "self", "initialize"] = "none"
     guidance_mode: Literal["cfg", "apg"] = "cfg"
     cfg_rescale: float = 0.0
+    apg_momentum: float = -0.5
+    apg_norm_threshold: float = 0.0
+    apg_eta: float = 0.0
+    init_latent: list[list[float]] | None = Field(
+        default=None, description="(frames, C) latent to start from; needed when denoise < 1"
+    )
     velocity_scale: list[float] | None = None
     noise: list[float] | None = None
     guidance_curve: list[float] | None = None
@@ -93,8 +100,12 @@ def to_request(body: GenerateBody, limits: ServerLimits) -> Request:
         gen = torch.Generator().manual_seed(body.cond_seed)
         cond = torch.randn(body.cond_len, limits.cond_dim, generator=gen)
     neg = _states(body.negative, limits.cond_dim) if body.negative is not None else None
-    fields = body.model_dump(exclude={"cond", "cond_seed", "cond_len", "negative"})
-    return Request(cond=cond, negative=neg, **fields)
+    init = None
+    if body.init_latent is not None:  # rows checked rectangular by ServerLimits.check
+        init = torch.tensor(body.init_latent, dtype=torch.float32)
+        init = init.reshape(len(body.init_latent), -1 if body.init_latent else 0)
+    fields = body.model_dump(exclude={"cond", "cond_seed", "cond_len", "negative", "init_latent"})
+    return Request(cond=cond, negative=neg, init_latent=init, **fields)
 
 
 def _states(rows: list[list[float]], cond_dim: int) -> torch.Tensor:
@@ -152,7 +163,8 @@ def refuse_nonfinite(x: torch.Tensor, what: str) -> None:
     if bad:
         raise Reject(
             500,
-            f"the request produced a {what} with {bad} NaN or infinite values; nothing is returned",
+            f"the request's {what} came out with {bad} NaN or infinite values; nothing is "
+            "returned",
         )
 
 
@@ -223,14 +235,25 @@ def parse_request(raw: bytes, limits: ServerLimits, facts: SessionFacts) -> Requ
     return request
 
 
+def check_query(query: Any, known: frozenset[str] | set[str]) -> None:
+    """422 naming every query parameter of a route that it does not take (one rule for every
+    route: a misspelt option must not be ignored)."""
+    unknown = sorted(set(query) - set(known))
+    if unknown:
+        takes = ", ".join(sorted(known)) if known else "none"
+        raise Reject(
+            422,
+            [{"field": k, "reason": f"unknown query parameter (this route takes {takes})"}
+             for k in unknown],
+        )  # fmt: skip
+
+
 def audio_options(query: Any, facts: SessionFacts, *, stream: bool) -> tuple[str, bool]:
     """(format, normalize) from an audio route's query string; 404 without a decoder, 422 for
     unknown or bad parameters."""
     if facts.audio is None:
         raise Reject(404, "this server has no audio decoder (stream-dit serve --vae ...)")
-    unknown = sorted(set(query) - ({"format"} if stream else {"format", "normalize"}))
-    if unknown:
-        raise Reject(422, [{"field": k, "reason": "unknown query parameter"} for k in unknown])
+    check_query(query, {"format"} if stream else {"format", "normalize"})
     fmt = query.get("format", "pcm16")
     if fmt not in WAV_FORMATS:
         raise Reject(422, [{"field": "format", "reason": f"must be one of {WAV_FORMATS}"}])

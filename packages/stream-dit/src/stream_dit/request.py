@@ -20,6 +20,10 @@ CFG_TYPES: tuple[str, ...] = ("none", "full", "self", "initialize")
 #: that a step's arithmetic stays finite in float32 and bfloat16, where a guidance of 1e39 is
 #: already inf and the latent NaN.
 MAX_MAGNITUDE = 1e3
+#: The largest magnitude of a value in a request's tensors (``cond``, ``negative``, ``init_latent``,
+#: ``context``): encoder states and latents are of order 1-100 (a language model's rare outlier
+#: features reach ~1e3), and past this a state's square overflows float32 inside the model.
+MAX_STATE_MAGNITUDE = 1e4
 #: The largest seed (the noise generator takes 64-bit seeds; JSON clients round past 2**53 anyway).
 SEED_MAX = 2**63 - 1
 
@@ -42,7 +46,8 @@ class Request:
     Attributes:
         frames: latent length T (25 frames per second of audio with the built-in model).
         cond: positive conditioning ``(L, D)`` encoder states, ``L >= 1``; ``cond_mask`` ``(L,)``
-            bool. ``cond``, ``negative``, ``init_latent`` and ``context`` must be finite.
+            bool. ``cond``, ``negative``, ``init_latent`` and ``context`` must be finite and
+            within ``±MAX_STATE_MAGNITUDE``.
         negative: negative conditioning for CFG (``None``: unconditional, no tokens).
         seed: noise seed (noise is drawn on the host, so a seed gives the same latent everywhere).
         steps, shift, denoise: the flow schedule (see :func:`stream_dit.schedule.flow_schedule`).
@@ -104,7 +109,8 @@ class Request:
         Raises:
             ValueError / TypeError naming the field and what was expected (``TypeError`` for a
             value of the wrong type, ``ValueError`` for one out of range, for an empty ``cond``
-            and for NaN or inf in ``cond``, ``negative``, ``init_latent`` or ``context``).
+            and for NaN, inf or a magnitude past :data:`MAX_STATE_MAGNITUDE` in ``cond``,
+            ``negative``, ``init_latent`` or ``context``).
         """
         _check_int("frames", self.frames, 1, max_frames, "the engine's limit")
         _check_int("steps", self.steps, 1, None)
@@ -217,7 +223,8 @@ def _check_latent(x: torch.Tensor, name: str, shape: tuple[int, int]) -> None:
 
 
 def _check_finite(x: torch.Tensor, name: str) -> None:
-    """Refuse NaN and inf in one of the request's own tensors.
+    """Refuse NaN and inf in one of the request's own tensors, and values past
+    :data:`MAX_STATE_MAGNITUDE`.
 
     This reads a value back (for a CUDA tensor, a wait for its stream) each time a request is
     validated: at submit, and in the caller-side checks of
@@ -227,6 +234,13 @@ def _check_finite(x: torch.Tensor, name: str) -> None:
     """
     if x.numel() == 0:
         return
-    bad = int(torch.count_nonzero(~torch.isfinite(x.detach())))
+    x = x.detach()
+    bad = int(torch.count_nonzero(~torch.isfinite(x)))
     if bad:
         raise ValueError(f"{name} must be finite; {bad} of its values are NaN or infinite")
+    largest = float(x.abs().amax())
+    if largest > MAX_STATE_MAGNITUDE:
+        raise ValueError(
+            f"{name} values must lie in [-{MAX_STATE_MAGNITUDE:g}, {MAX_STATE_MAGNITUDE:g}], "
+            f"got one of magnitude {largest:g}"
+        )

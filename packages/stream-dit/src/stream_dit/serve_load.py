@@ -47,6 +47,7 @@ class LoadConfig:
     distinct: int = 12
     disconnect_every: int = 10
     malformed_every: int = 7
+    extreme_every: int = 11
     retries: int = 3
     request_timeout_s: float = 120.0
     run_timeout_s: float = 300.0
@@ -177,6 +178,8 @@ def malformed_requests(max_frames: int) -> list[tuple[str, bytes, dict[str, Any]
         ("overflowing_guidance", json.dumps({**ok, "guidance": 1e39}).encode(), {}),
         ("bool_for_int", json.dumps({**ok, "frames": True}).encode(), {}),
         ("numeric_string", json.dumps({**ok, "frames": "100"}).encode(), {}),
+        # finite, but past any encoder state: it would overflow inside the model (400)
+        ("huge_cond_values", json.dumps({"frames": 8, "cond": [[1e30] * 4]}).encode(), {}),
         ("not_json", b'{"frames": 8, "cond_seed"', {}),
         ("unknown_field", json.dumps({**ok, "colour": "red"}).encode(), {}),
         ("huge_cond_len", json.dumps({**ok, "cond_len": 20_000_000}).encode(), {}),
@@ -185,6 +188,19 @@ def malformed_requests(max_frames: int) -> list[tuple[str, bytes, dict[str, Any]
         ("declared_huge", json.dumps(ok).encode(), {"declared": 1 << 40, "send": 16}),
         ("wrong_type", json.dumps({**ok, "steps": "lots"}).encode(), {}),
     ]
+
+
+def extreme_requests() -> list[tuple[str, dict[str, Any]]]:
+    """``(kind, body)`` for valid requests at the far ends of the accepted ranges: each must be
+    served (200, finite), never answered 500."""
+    ok = {"frames": 8, "cond_seed": 1, "cond_len": 4, "steps": 12}
+    return [
+        ("initialize_-1000", {**ok, "cfg_type": "initialize", "guidance": -1000.0}),
+        ("self_curve_1000", {**ok, "cfg_type": "self", "guidance": 1000.0,
+                             "guidance_curve": [1000.0], "velocity_scale": [1000.0]}),
+        ("full_apg_1000", {**ok, "cfg_type": "full", "guidance": -1000.0, "guidance_mode": "apg",
+                           "apg_eta": 1000.0, "apg_norm_threshold": 1000.0, "dcw": [1000.0, -1000.0]}),
+    ]  # fmt: skip
 
 
 async def _with_retries(port: int, raw: bytes, cfg: LoadConfig, **opts) -> tuple:
@@ -205,8 +221,19 @@ async def _client(
 ) -> None:
     if cfg.malformed_every and i % cfg.malformed_every == cfg.malformed_every - 1:
         kind, raw, opts = bad[(i // cfg.malformed_every) % len(bad)]
-        status, _, _ = await _with_retries(port, raw, cfg, **opts)
+        # one try: a request that can never succeed gets its 4xx even in a burst, never a 503
+        status, _, _ = await _http(
+            port, "POST", "/generate", raw, timeout=cfg.request_timeout_s + 10, **opts
+        )
         out["statuses"][f"{status} {kind}"] += 1
+        return
+    if cfg.extreme_every and i % cfg.extreme_every == cfg.extreme_every - 1:
+        extremes = extreme_requests()
+        kind, body = extremes[(i // cfg.extreme_every) % len(extremes)]
+        status, payload, _ = await _with_retries(port, json.dumps(body).encode(), cfg)
+        if status == 200 and not np.isfinite(np.load(io.BytesIO(payload))).all():
+            status = "non-finite"
+        out["statuses"][f"{status} extreme {kind}"] += 1
         return
     which = i % len(bodies)
     raw = json.dumps(bodies[which]).encode()

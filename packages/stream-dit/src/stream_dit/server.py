@@ -13,7 +13,8 @@ session that has a decoder, the same body sent to
   stream is a complete file once it ends; the status is decided by the first piece, and a
   failure after it ends the body early).
 
-Without a decoder those two answer 404; a bad query parameter is 422. Every answer other than 200
+Without a decoder those two answer 404; a query parameter a route does not take (``/generate``
+takes none) or a bad value of one is 422. Every answer other than 200
 carries the reason:
 
 * 413: the body is larger than ``max_body_bytes`` (from ``Content-Length`` before anything is
@@ -23,7 +24,7 @@ carries the reason:
   tensor is allocated) or a request the engine refuses (:meth:`Request.validate`);
 * 503 + ``Retry-After``: ``slots + max_queue`` requests are already in flight, or the server is
   starting, warming its engine up or stopping (503 without ``Retry-After`` once the warm-up has
-  failed); also when ``max_uploads`` bodies are being received already (before this one is read);
+  failed);
 * 504: the request took longer than ``request_timeout_s`` (it is cancelled, its slot freed);
 * 500: the request failed inside the session, or its latent or audio came out with NaN or inf
   values (never sent as a 200).
@@ -31,8 +32,9 @@ carries the reason:
 The order matters to clients that retry on 503: a request is read (capped at ``max_body_bytes``)
 and validated first, so one that can never succeed gets its 4xx even while the server is full, and
 only a valid request is answered 503. Memory stays bounded without checking capacity first: at
-most ``max_uploads`` bodies of at most ``max_body_bytes`` are held while they arrive, one is parsed
-at a time (on the event loop), and at most ``slots + max_queue`` parsed requests are in flight.
+most ``max_uploads`` bodies of at most ``max_body_bytes`` are held while they arrive (a request
+past that waits for a place, within its timeout, rather than being shed unread), one is parsed at
+a time (on the event loop), and at most ``slots + max_queue`` parsed requests are in flight.
 
 A 413 is sent at once and closes the connection, but only after the server has read and
 discarded what the client is still sending (for up to 10 s, 2 s at most between pieces, like

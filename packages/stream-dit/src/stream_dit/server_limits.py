@@ -35,9 +35,12 @@ class ServerLimits:
         request_timeout_s: wall-clock limit of one request, body upload and queueing included
             (504 and the request is cancelled).
         retry_after_s: the ``Retry-After`` value of a 503.
-        max_uploads: request bodies received at once (503 with ``Retry-After`` beyond it, before
-            the body is read); with ``max_body_bytes`` it bounds the memory that bodies in transit
-            take under a flood. Default (0): ``slots + max_queue``.
+        max_uploads: request bodies received at once (a request beyond it waits for a place,
+            within ``request_timeout_s``, so that it is still validated before any 503); with
+            ``max_body_bytes`` it bounds the memory that bodies in transit take under a flood.
+            Default (0): ``slots + max_queue``.
+        channels: latent channels C of the model (the width of an ``init_latent`` row; 0:
+            unknown, rows unchecked here).
     """
 
     max_frames: int
@@ -51,6 +54,7 @@ class ServerLimits:
     request_timeout_s: float = 300.0
     retry_after_s: int = 1
     max_uploads: int = 0
+    channels: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_frames", "max_cond_len", "cond_dim", "slots", "max_steps"):
@@ -62,13 +66,18 @@ class ServerLimits:
             "max_body_bytes",
             "retry_after_s",
             "max_uploads",
+            "channels",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not (self.request_timeout_s > 0 and math.isfinite(self.request_timeout_s)):
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
         if self.max_body_bytes == 0:
-            numbers = 2 * self.max_cond_len * self.cond_dim + 3 * self.max_curve_len
+            numbers = (
+                2 * self.max_cond_len * self.cond_dim
+                + self.max_frames * self.channels  # init_latent
+                + 3 * self.max_curve_len
+            )
             object.__setattr__(self, "max_body_bytes", numbers * _CHARS_PER_NUMBER + _BODY_SLACK)
         if self.max_uploads == 0:
             object.__setattr__(self, "max_uploads", self.slots + self.max_queue)
@@ -85,6 +94,7 @@ class ServerLimits:
         values: dict[str, Any] = {
             **ceilings,
             "cond_dim": session.cond_dim,
+            "channels": session.channels,
             "slots": session.depth,
             "max_queue": session.max_queue,
         }
@@ -126,6 +136,15 @@ class ServerLimits:
             rows = getattr(body, name)
             if rows is not None:
                 self._check_rows(name, rows)
+        latent = getattr(body, "init_latent", None)
+        if latent is not None:
+            _at_most("init_latent length (rows)", len(latent), self.max_frames)
+            widths = {len(row) for row in latent}
+            if len(widths) > 1 or (self.channels and widths - {self.channels}):
+                raise ValueError(
+                    f"init_latent must have shape (frames, {self.channels or 'C'}); its rows "
+                    f"have {sorted(widths)} numbers"
+                )
         for name in ("velocity_scale", "noise", "guidance_curve"):
             curve = getattr(body, name)
             if curve is not None:

@@ -17,11 +17,18 @@ from .engines.base import Engine, derive_depth
 from .guidance import apg, cfg_combine, cfg_rescale, dcw_correct, residual_negative, residual_noise
 from .handle import Handle, QueueFullError, Status
 from .ops.guided_euler import guided_euler_
-from .request import Request
+from .request import MAX_STATE_MAGNITUDE, Request
 from .schedule import flow_schedule
 
 if TYPE_CHECKING:
     from .decode.stage import AudioDecoder
+
+
+#: Every latent value is held within ±this after each step. Real latents are of order 1, so this
+#: never touches a sensible request; at the far ends of the accepted ranges (residual CFG at a
+#: guidance of 1000 grows the latent by ~1000x a step) the latent saturates here instead of
+#: overflowing to inf and NaN, so every accepted request ends finite.
+LATENT_LIMIT = MAX_STATE_MAGNITUDE
 
 
 @dataclass
@@ -516,6 +523,7 @@ class StreamSession:
                 rows_cache=self._rows_cache,
             )
             stats.fused_rows = len(fused)
+        self.state.clamp_(-LATENT_LIMIT, LATENT_LIMIT)
 
     def _update_slot(
         self,

@@ -18,7 +18,15 @@ from typing import Any
 
 import ray
 
-__all__ = ["FORGET_S", "REPORT_EVERY_S", "STALE_S", "ReplicaBoard", "board_handle", "board_name"]
+__all__ = [
+    "FORGET_S",
+    "REPORT_EVERY_S",
+    "STALE_S",
+    "ReplicaBoard",
+    "board_handle",
+    "board_name",
+    "board_rows",
+]
 
 REPORT_EVERY_S = 0.5
 STALE_S = 3.0
@@ -39,18 +47,26 @@ class ReplicaBoard:
         self._rows.pop(replica, None)
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every replica heard from in the last :data:`FORGET_S`, with ``age_s`` and ``fresh``."""
+        """Every replica heard from in the last :data:`FORGET_S` (see :func:`board_rows`)."""
         now = time.monotonic()
         self._rows = {k: v for k, v in self._rows.items() if now - v[1] < FORGET_S}
-        return [
-            {
-                **snapshot,
-                "replica": replica,
-                "age_s": round(now - at, 2),
-                "fresh": now - at < STALE_S,
-            }
-            for replica, (snapshot, at) in sorted(self._rows.items())
-        ]
+        return board_rows(self._rows, now)
+
+
+def board_rows(
+    reports: dict[str, tuple[dict[str, Any], float]], now: float
+) -> list[dict[str, Any]]:
+    """The rows ``/health`` lists: each replica's last snapshot with ``age_s`` and ``fresh``. A
+    replica silent for :data:`STALE_S` (killed, or stuck) is listed as ``"unresponsive"`` and not
+    ready, whatever it last said, its last state kept as ``last_state``."""
+    rows = []
+    for replica, (snapshot, at) in sorted(reports.items()):
+        row = {**snapshot, "replica": replica, "age_s": round(now - at, 2)}
+        row["fresh"] = now - at < STALE_S
+        if not row["fresh"]:
+            row.update(last_state=snapshot.get("state"), state="unresponsive", ready=False)
+        rows.append(row)
+    return rows
 
 
 def board_name(app_name: str) -> str:
