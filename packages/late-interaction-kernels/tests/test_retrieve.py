@@ -83,11 +83,12 @@ def test_scoring_keeps_no_graph(rng):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"k": 0}, "k must be an int in"),
-        ({"k": 6}, "k must be an int in"),
-        ({"k": 2.0}, "k must be an int in"),
+        ({"k": 0}, "k must be a positive int"),
+        ({"k": True}, "k must be a positive int"),
+        ({"k": 2.0}, "k must be a positive int"),
         ({"chunk_size": 0}, "chunk_size must be a positive int"),
-        ({"Q": torch.zeros(3, 8)}, r"Q must be a \(Nq, Lq, d\) tensor"),
+        ({"Q": torch.zeros(8)}, r"Q must be a \(Nq, Lq, d\) tensor"),
+        ({"Q": torch.zeros(3, 7), "q_mask": None}, "embedding width 7"),
         ({"Q": torch.zeros(2, 3, 7)}, "embedding width 7"),
         ({"D": torch.zeros(5, 8)}, "documents must be"),
         ({"d_mask": torch.ones(5, 4)}, "d_mask must be a bool tensor"),
@@ -103,6 +104,39 @@ def test_bad_inputs_are_named(kwargs, message, rng):
     chunk = args.pop("chunk_size", None)
     with pytest.raises(ValueError, match=message):
         retrieve(args["Q"], args["D"], args["k"], args["q_mask"], args["d_mask"], chunk_size=chunk)
+
+
+def test_k_past_the_collection_is_clamped_as_retrieve_does(rng):
+    """One behaviour everywhere: ``MaxSimIndex.topk``, :func:`retrieve` and the sharded indexes
+    return every document, best first, when ``k`` exceeds the collection."""
+    from late_interaction_kernels import retrieve as public_retrieve
+
+    Q, D, q_mask, d_mask = _inputs(rng)
+    index = MaxSimIndex(D, d_mask, chunk_size=2)
+    scores, ids = index.topk(Q, 50, q_mask)
+    assert scores.shape == ids.shape == (2, 5)
+    want = public_retrieve(Q, D, 50, q_mask, d_mask, normalize=False, backend="torch")
+    assert want[0].shape == (2, 5)
+    _check_topk((scores, ids), _reference(Q, D, 5, q_mask, d_mask))
+
+
+def test_a_single_two_dimensional_query_is_taken(rng):
+    """``scores`` and ``topk`` take one ``(Lq, d)`` query (and an ``(Lq,)`` mask), as ``maxsim``,
+    ``retrieve`` and ``MaxSimScorer`` do, and answer without the batch dimension."""
+    Q, D, q_mask, d_mask = _inputs(rng)
+    index = MaxSimIndex(D, d_mask, chunk_size=2)
+    full = index.scores(Q, q_mask)
+    one = index.scores(Q[1], q_mask[1])
+    assert one.shape == (5,)
+    assert_close(one, full[1])
+    assert_close(index.scores(Q[0]), index.scores(Q[:1])[0])
+    scores, ids = index.topk(Q[1], 3, q_mask[1])
+    batched = index.topk(Q, 3, q_mask)
+    assert scores.shape == ids.shape == (3,)
+    assert_close(scores, batched[0][1])
+    assert torch.equal(ids, batched[1][1])
+    with pytest.raises(ValueError, match="q_mask must be a bool tensor of shape"):
+        index.topk(Q[1], 3, q_mask[1][:2])
 
 
 @pytest.mark.parametrize("kind", ["padded", "list"])

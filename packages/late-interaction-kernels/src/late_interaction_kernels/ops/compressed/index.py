@@ -219,12 +219,13 @@ class CompressedMaxSimIndex:
         n_rerank: int | None = None,
         backend: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``k`` best documents per query: ``(scores float32 (Nq, k), ids int64 (Nq, k))``,
-        best first (``(k,)`` each for a 2-D ``Q``).
+        """The ``k`` best documents per query: ``(scores float32, ids int64)``, each
+        ``(Nq, min(k, live documents))``, best first (``(min(k, live),)`` for a 2-D ``Q``).
 
         Args:
             Q: ``(Nq, Lq, d)`` or ``(Lq, d)`` query tokens.
-            k: results per query, at most the live documents.
+            k: results per query, a positive int, clamped to the live documents (as
+                :meth:`MaxSimIndex.topk` and :func:`retrieve`).
             q_mask: bool ``(Nq, Lq)``, True = a real token (masked tokens add 0 and probe nothing).
             n_probe: centroids probed per query token.
             n_candidates: candidates per query kept after the centroid score and scored on their
@@ -244,8 +245,9 @@ class CompressedMaxSimIndex:
             q_mask = q_mask.unsqueeze(0) if isinstance(q_mask, torch.Tensor) else q_mask
         self._check_queries(Q, q_mask)
         k = _int_option("k", k)
-        if k > len(self):
-            raise ValueError(f"k={k} exceeds the {len(self)} live documents of the index")
+        if len(self) == 0:
+            raise ValueError("the index holds no live documents: add documents before searching")
+        k = min(k, len(self))  # as MaxSimIndex.topk, retrieve and the sharded indexes
         n_probe = min(_int_option("n_probe", n_probe), self.centroids.shape[0])
         n_candidates = max(_int_option("n_candidates", n_candidates), k)
         if n_rerank is None:

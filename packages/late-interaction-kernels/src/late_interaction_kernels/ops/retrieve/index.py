@@ -187,35 +187,47 @@ class MaxSimIndex:
             else:
                 yield start, *pad_documents(self._list[start:stop])
 
-    def _check(self, Q, q_mask) -> None:
+    def _check(self, Q, q_mask):
+        """``(Q, q_mask, squeeze)``: a single ``(Lq, d)`` query (and its ``(Lq,)`` mask) as a
+        batch of one, checked."""
+        squeeze = isinstance(Q, torch.Tensor) and Q.dim() == 2
+        if squeeze:
+            Q = Q.unsqueeze(0)
+            if isinstance(q_mask, torch.Tensor) and q_mask.dim() == 1:
+                q_mask = q_mask.unsqueeze(0)
         check_queries(Q, q_mask)
         if len(self) == 0:
             raise ValueError("the document collection is empty (documents has no rows)")
         if Q.shape[-1] != self.dim:
             raise ValueError(f"Q has embedding width {Q.shape[-1]}, the documents have {self.dim}")
+        return Q, q_mask, squeeze
 
     @torch.no_grad()
     def scores(self, Q: torch.Tensor, q_mask: torch.Tensor | None = None) -> torch.Tensor:
         """All scores, float32 ``(Nq, Nd)`` (the full matrix: use :meth:`topk` for large
-        collections)."""
-        self._check(Q, q_mask)
+        collections); ``(Nd,)`` for a single ``(Lq, d)`` query."""
+        Q, q_mask, squeeze = self._check(Q, q_mask)
         blocks = [
             maxsim_unchecked(Q, D, q_mask, mask, normalize=self.normalize)
             for _, D, mask in self._chunks()
         ]
-        return torch.cat(blocks, dim=1)
+        out = torch.cat(blocks, dim=1)
+        return out[0] if squeeze else out
 
     @torch.no_grad()
     def topk(
         self, Q: torch.Tensor, k: int, q_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``k`` best documents per query: ``(scores float32 (Nq, k), indices int64 (Nq, k))``,
-        best first."""
-        self._check(Q, q_mask)
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(self):
-            raise ValueError(
-                f"k must be an int in [1, {len(self)}] (the number of documents), got {k!r}"
-            )
+        """The ``k`` best documents per query: ``(scores float32, indices int64)``, each
+        ``(Nq, min(k, Nd))``, best first (``(min(k, Nd),)`` for a single ``(Lq, d)`` query).
+
+        ``k`` is clamped to the number of documents, as in :func:`retrieve` and the sharded
+        indexes; it must be a positive int.
+        """
+        Q, q_mask, squeeze = self._check(Q, q_mask)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        k = min(k, len(self))
         best_scores = best_ids = None
         for start, D, mask in self._chunks():
             block = maxsim_unchecked(Q, D, q_mask, mask, normalize=self.normalize)
@@ -226,4 +238,4 @@ class MaxSimIndex:
             take = min(k, block.shape[1])
             best_scores, where = block.topk(take, dim=1)
             best_ids = ids.gather(1, where)
-        return best_scores, best_ids
+        return (best_scores[0], best_ids[0]) if squeeze else (best_scores, best_ids)
