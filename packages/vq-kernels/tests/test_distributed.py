@@ -78,6 +78,16 @@ def _worker(rank: int, world: int) -> dict:
     restarting(_module_data()[: 6 + rank])
     restarting(_module_data()[mine])
     out["restarting"] = restarting.state_dict()
+    # a learned codebook restarts too: summed usage, rows from rank 0, replicas identical
+    torch.manual_seed(5 + rank)
+    learned = ResidualVQ(DIM, CODES, LEVELS, ema=False, dead_threshold=1, process_group=group)
+    with torch.no_grad():  # same starting codebook on every rank, far from the data
+        far = torch.randn(LEVELS, CODES, DIM, generator=torch.Generator().manual_seed(3)) + 9
+        learned.codebook.copy_(far)
+    restarted = [learned(_module_data()[mine]).restarted for _ in range(2)]
+    used = ("codebook", "cluster_size", "steps_since_active")  # embed_sum is the EMA path's
+    out["learned"] = [{k: learned.state_dict()[k] for k in used}, restarted]
+    assert any(bool(r.any()) for r in restarted)
     return out, outputs
 
 

@@ -75,14 +75,52 @@ def test_training_step_matches_the_op(rng):
 
 
 def test_learned_codebook_gets_gradients_and_no_ema(rng):
-    m = ResidualVQ(4, 6, 2, ema=False)
+    m = ResidualVQ(4, 6, 2, ema=False, dead_threshold=None)
     assert isinstance(m.codebook, torch.nn.Parameter)
-    size = m.cluster_size.clone()
+    size, book = m.cluster_size.clone(), m.codebook.detach().clone()
     out = m(randn((9, 4), generator=rng, requires_grad=True))
     out.loss.backward()
     assert out.restarted is None
     assert m.codebook.grad is not None and m.codebook.grad.abs().sum() > 0
-    assert torch.equal(m.cluster_size, size)
+    assert torch.equal(m.cluster_size, size) and torch.equal(m.codebook.detach(), book)
+
+
+@pytest.mark.parametrize("semantics", ["active_only", "decay_all"])
+def test_a_learned_codebook_restarts_its_dead_codes(semantics, rng):
+    """``dead_threshold`` acts with ``ema=False`` too: trained by its loss alone on data far from
+    the initial codes, a residual VQ uses a few of its codes; with restarts its dead codes take
+    rows of the residuals and the first level uses most of them."""
+    centers = randn((16, 8), generator=rng, scale=4.0) + 30.0
+    x = centers[torch.arange(256) % 16] + randn((256, 8), generator=rng, scale=0.2)
+
+    def used_codes(threshold):
+        torch.manual_seed(0)
+        m = ResidualVQ(8, 16, 2, ema=False, semantics=semantics, dead_threshold=threshold,
+                       decay=0.5, backend="torch")  # fmt: skip
+        opt = torch.optim.Adam(m.parameters(), lr=0.05)
+        restarted = 0
+        for _ in range(12):
+            out = m(x)
+            opt.zero_grad()
+            out.loss.backward()
+            opt.step()
+            restarted += 0 if out.restarted is None else int(out.restarted.sum())
+        m.eval()
+        codes = m(x).codes
+        return [len(torch.unique(codes[:, level])) for level in range(2)], restarted
+
+    collapsed, none = used_codes(None)
+    restarting, restarted = used_codes(1.0 if semantics == "decay_all" else 2)
+    assert none == 0 and restarted > 0
+    assert restarting[0] >= 12 and restarting[0] >= collapsed[0] + 6, (collapsed, restarting)
+
+
+def test_learned_restarts_leave_an_empty_batch_alone():
+    m = ResidualVQ(4, 6, 2, ema=False, dead_threshold=1)
+    book = m.codebook.detach().clone()
+    for _ in range(3):
+        out = m(torch.zeros(0, 4))
+    assert not out.restarted.any() and torch.equal(m.codebook.detach(), book)
 
 
 def test_kmeans_init_on_first_batch_and_state_dict_round_trip(rng):

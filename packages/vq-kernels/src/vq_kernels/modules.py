@@ -13,7 +13,13 @@ from torch import nn
 
 from ._state_checks import check_quantizer_state
 from .ops._validation import require_integer, require_tensor
-from .ops.ema_update import DEFAULT_THRESHOLDS, SEMANTICS, ema_statistics, ema_update_
+from .ops.ema_update import (
+    DEFAULT_THRESHOLDS,
+    SEMANTICS,
+    ema_statistics,
+    ema_update_,
+    restart_dead_learned_,
+)
 from .ops.ema_update.validation import DEFAULT_FOR_SEMANTICS
 from .ops.quantize import METRICS, quantize
 from .ops.residual_quantize import residual_quantize
@@ -29,8 +35,8 @@ class VQOutput(NamedTuple):
             the identity to the input).
         codes: ``(...,)`` for :class:`VectorQuantizer`, ``(..., L)`` for :class:`ResidualVQ`, int64.
         loss: scalar: commitment loss × weight (+ codebook loss when the codebook is learned).
-        restarted: bool ``(K,)`` / ``(L, K)`` codes restarted by this step's EMA update, or None
-            (eval mode, or a learned codebook).
+        restarted: bool ``(K,)`` / ``(L, K)`` codes restarted by this training step, or None
+            (eval mode, or restarts off: ``dead_threshold=None``).
     """
 
     quantized: torch.Tensor
@@ -72,7 +78,11 @@ class ResidualVQ(nn.Module):
         ema: keep the codebooks as EMA buffers updated by :func:`vq_kernels.ema_update_` in
             training mode (default); False makes them a learned ``nn.Parameter`` trained by the
             codebook loss ``‖q − sg(r)‖²``.
-        decay, eps, semantics, dead_threshold, deterministic: passed to ``ema_update_``.
+        decay, eps, semantics, dead_threshold, deterministic: passed to ``ema_update_``. A
+            learned codebook (``ema=False``) restarts its dead codes too: it keeps the same usage
+            statistics (``decay``, ``semantics``, ``dead_threshold``) and a dead code takes a
+            random row of the step's residuals (see
+            :func:`vq_kernels.ops.ema_update.restart_dead_learned_`).
         commitment_weight: weight of ``‖r − sg(q)‖²`` (per level, summed over levels).
         metric: ``"l2"`` or ``"cosine"`` nearest-code search.
         kmeans_init: initialise each level's codebook by k-means (``kmeans_iters`` Lloyd steps, on the
@@ -297,6 +307,19 @@ class ResidualVQ(nn.Module):
         else:
             out, codes_t, loss, inputs, level_codes = self._levels(flat, init_now)
         restarted = None
+        if self.training and not self.ema and self.dead_threshold is not None:
+            restarted = restart_dead_learned_(
+                self.codebook.data,
+                self.cluster_size,
+                self.steps_since_active,
+                inputs,
+                level_codes,
+                decay=self.decay,
+                semantics=self.semantics,
+                threshold=float(self.dead_threshold),
+                generator=self.generator,
+                process_group=self.process_group,
+            )
         if self.training and self.ema:
             restarted = ema_update_(
                 inputs,
