@@ -74,14 +74,24 @@ def test_crafted_checkpoint_is_refused(tmp_path):
     path = tmp_path / "evil.pt"
     with path.open("wb") as f:
         pickle.dump({"step": 1, "field": _Payload()}, f, protocol=2)
-    with pytest.raises(ValueError, match="refusing to unpickle"):
+    with pytest.raises(ValueError, match="not unpickled") as err:
         load_checkpoint(path)
-    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match=r"junk\.pt"):
-        load_checkpoint(tmp_path / "junk.pt")
+    assert "weights_only" not in str(err.value)  # never the advice to load it unsafely
+    for name, raw in (("junk.pt", b"not a checkpoint"), ("text.pt", b"hello world, \x80 e")):
+        (tmp_path / name).write_bytes(raw)
+        with pytest.raises(ValueError, match=f"{name}.* is not a tomo-kplanes checkpoint") as err:
+            load_checkpoint(tmp_path / name)
+        assert "weights_only" not in str(err.value)
+    with (tmp_path / "old.pt").open("wb") as f:  # a plain pickle, as older tools wrote
+        pickle.dump([1, 2], f)
+    with pytest.raises(ValueError, match="not a tomo-kplanes checkpoint") as err:
+        load_checkpoint(tmp_path / "old.pt")
+    assert "weights_only" not in str(err.value)
     torch.save([1, 2], tmp_path / "list.pt")
     with pytest.raises(ValueError, match="not a dict"):
         load_checkpoint(tmp_path / "list.pt")
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "missing.pt")
 
 
 def test_training_checkpoint_loads_with_weights_only(tmp_path):

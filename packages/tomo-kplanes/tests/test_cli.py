@@ -264,6 +264,12 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
     # a fresh run into that folder would replace the checkpoint: it refuses and names --resume
     assert main([*base, "--output", str(part), "--checkpoint-every", "2"]) == 2
     assert f"--resume {ckpt}" in capsys.readouterr().err
+    # a file that is not a checkpoint is named as such, with no advice to load it unsafely
+    (tmp_path / "notes.pt").write_text("hello world, not a checkpoint")
+    other = str(tmp_path / "other")
+    assert main([*base, "--output", other, "--resume", str(tmp_path / "notes.pt")]) == 2
+    err = capsys.readouterr().err
+    assert "notes.pt is not a tomo-kplanes checkpoint" in err and "weights_only" not in err
     # the checkpoint of other settings is refused, naming what differs
     assert main([*base, "--steps", "9", "--output", str(part), "--resume", str(ckpt)]) == 2
     assert "steps 8 in the checkpoint, 9 now" in capsys.readouterr().err

@@ -58,13 +58,21 @@ def load_checkpoint(path: str | Path, map_location: torch.device | str | None = 
     path = Path(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as exc:
+    except pickle.UnpicklingError:
+        # PyTorch's own message advises weights_only=False, an unsafe load: never pass it on
         raise ValueError(
-            f"checkpoint {path} holds objects other than tensors and plain containers; "
-            f"refusing to unpickle them ({str(exc).splitlines()[0]})"
+            f"{path} is not a tomo-kplanes checkpoint: it holds objects other than tensors and "
+            "plain containers, which are not unpickled (unpickling them could run code)"
         ) from None
-    except (RuntimeError, EOFError) as exc:
-        raise ValueError(f"checkpoint {path} is not a readable checkpoint: {exc}") from None
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except Exception as exc:  # a text file, a torn zip, another format: torch fails in many ways
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(
+            f"{path} is not a tomo-kplanes checkpoint (not a file torch.save wrote: {reason})"
+        ) from None
     if not isinstance(state, dict):
-        raise ValueError(f"checkpoint {path} holds a {type(state).__name__}, not a dict")
+        raise ValueError(
+            f"{path} is not a tomo-kplanes checkpoint: it holds a {type(state).__name__}, not a dict"
+        )
     return state
