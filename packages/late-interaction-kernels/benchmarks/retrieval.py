@@ -220,6 +220,7 @@ def _worker_compressed(args, device) -> dict:
     alloc = (torch.cuda.memory_allocated(device) - before) if device.type == "cuda" else 0
     out = {"build_s": build, "gpu_alloc_after_build": alloc, "host_rss_growth": _rss_bytes() - rss0,
            "index_bytes": index.nbytes(), "options": options, "settings": []}  # fmt: skip
+    _progress("compressed", out)
     for setting in json.loads(args.search_settings or "[{}]"):
 
         def search(q, k, setting=setting):
@@ -228,6 +229,7 @@ def _worker_compressed(args, device) -> dict:
         res = _measure_search(search, queries, args.k, device)
         res["setting"] = setting
         out["settings"].append(res)
+        _progress("compressed", res)
     if args.add_check:
         del index
         gc.collect()
@@ -235,7 +237,14 @@ def _worker_compressed(args, device) -> dict:
             torch.cuda.empty_cache()
         out["add"] = _add_check(host_tokens, lengths, queries, args.k, device, options,
                                 out["settings"][0]["setting"], out["settings"][0]["ids"])  # fmt: skip
+        _progress("compressed add", out["add"])
     return out
+
+
+def _progress(system: str, entry: dict) -> None:
+    """One line per measurement as it is taken, so that a run cut short still reports it."""
+    shown = {k: v for k, v in entry.items() if isinstance(v, (int, float, str, dict))}
+    print(f"[{system}] {json.dumps(shown)}", file=sys.stderr, flush=True)
 
 
 def _add_check(tokens, lengths, queries, k, device, options, setting, full_ids) -> dict:
@@ -349,9 +358,14 @@ def _spawn(args, system: str, n_docs: int, workdir: str, options: str = "") -> t
     if args.device:
         cmd += ["--device", args.device]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        return {"error": proc.stderr[-3000:], "wall_s": time.perf_counter() - t0}, {}
+    # the worker's stderr is echoed as it comes (its progress lines) and its tail kept for errors
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    tail = ""
+    for line in proc.stderr:
+        sys.stderr.write(line)
+        tail = (tail + line)[-3000:]
+    if proc.wait() != 0:
+        return {"error": tail, "wall_s": time.perf_counter() - t0}, {}
     with open(base + ".json") as f:
         result = json.load(f)
     result["wall_s"] = time.perf_counter() - t0
