@@ -130,18 +130,20 @@ def test_pair_kernels_half_precision_on_gpu(seed):
     assert ((got.double() - ref).abs() / ref.abs().clamp_min(1)).max() < 2e-3
 
 
-def _index_and_exact(seed, device, n_docs=24, dim=16, **options):
+def _index_and_exact(seed, where, n_docs=24, dim=16, **options):
+    """Clustered documents and queries on ``where``, and the index built from them (``options``
+    go to ``build``, its ``device`` among them)."""
     gen = torch.Generator().manual_seed(seed)
     topics = _unit(torch.randn(6, dim, generator=gen))
     docs = []
     for _ in range(n_docs):
         t = topics[torch.randint(0, 6, (1,), generator=gen)]
         n = int(torch.randint(2, 7, (1,), generator=gen))
-        docs.append(_unit(t + 0.6 * torch.randn(n, dim, generator=gen)).to(device))
+        docs.append(_unit(t + 0.6 * torch.randn(n, dim, generator=gen)).to(where))
     options.setdefault("n_centroids", 16)
     index = CompressedMaxSimIndex.build(docs, seed=seed, **options)
     Q = _unit(topics[torch.randint(0, 6, (3,), generator=gen)][:, None]
-              + 0.6 * torch.randn(3, 5, dim, generator=gen)).to(device)  # fmt: skip
+              + 0.6 * torch.randn(3, 5, dim, generator=gen)).to(where)  # fmt: skip
     return docs, index, Q
 
 
