@@ -135,9 +135,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _serve_ray(args: argparse.Namespace, spec) -> int:
     if args.ray_address is None:  # a Ray of this machine alone: nothing listens on the network
-        from .ray_env import keep_ray_on_loopback
+        from .ray_env import keep_ray_on_loopback, keep_ray_workers_in_this_environment
 
         keep_ray_on_loopback()
+        keep_ray_workers_in_this_environment()
     try:
         from .ray import RayServeOptions
         from .ray.local import serve_until_stopped
