@@ -60,7 +60,14 @@ SLOW_MACHINE_ENV = {
 def ray_url():
     for name, value in SLOW_MACHINE_ENV.items():
         os.environ.setdefault(name, value)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="warning")
+    # a cluster of this process's own, never one another process of the machine started
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="warning",
+    )
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -200,7 +207,14 @@ def _wav_lengths(payload: bytes) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------- the tests
-def test_100_mixed_clients_and_a_killed_replica(ray_url, single_url):
+def test_one_ray_serve_app_under_load_and_full(ray_url, single_url):
+    """Both scenarios on one Ray (one test, so that pytest-xdist cannot put them in two workers:
+    two Ray clusters on one 2-core machine at once never both get their replicas up)."""
+    _100_mixed_clients_and_a_killed_replica(ray_url, single_url)
+    _full_replicas_answer_503_with_retry_after(ray_url)
+
+
+def _100_mixed_clients_and_a_killed_replica(ray_url, single_url):
     bodies = _bodies()
     reference = []
     for body in bodies:
@@ -317,7 +331,7 @@ def test_100_mixed_clients_and_a_killed_replica(ray_url, single_url):
         )
 
 
-def test_full_replicas_answer_503_with_retry_after(ray_url):
+def _full_replicas_answer_503_with_retry_after(ray_url):
     """Every replica's slots and queue taken and the ingress's waiting line full: a valid request
     is told to retry; a malformed one still gets its 4xx; closing the long ones frees it all."""
     long = json.dumps({"frames": 32, "cond_seed": 0, "cond_len": 4, "steps": 100_000}).encode()

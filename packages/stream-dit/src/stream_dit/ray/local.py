@@ -24,7 +24,14 @@ def start_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if address is not None:
         ray.init(address=address, log_to_driver=False)
         return
-    ray.init(num_cpus=num_cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    # address="local": a Ray of its own, even where another process of this machine runs one
+    # (a bare ray.init() would join that cluster and share, or replace, its Serve apps)
+    ray.init(
+        address="local",
+        num_cpus=num_cpus or os.cpu_count(),
+        include_dashboard=False,
+        log_to_driver=False,
+    )
 
 
 def deploy(options: RayServeOptions, *, host: str = "127.0.0.1", port: int = 8000) -> str:
