@@ -24,11 +24,7 @@ def keep_ray_on_loopback() -> None:
     Raises:
         RuntimeError: Ray was imported already (and read the variable's old value).
     """
-    if _VARIABLE in os.environ:
-        return
-    if "ray" in sys.modules:
-        raise RuntimeError("call keep_ray_on_loopback() before ray is imported")
-    os.environ[_VARIABLE] = "0"
+    _set_before_ray_import(_VARIABLE, "0", "keep_ray_on_loopback")
 
 
 _UV_HOOK = "RAY_ENABLE_UV_RUN_RUNTIME_ENV"
@@ -46,8 +42,13 @@ def keep_ray_workers_in_this_environment() -> None:
     Raises:
         RuntimeError: Ray was imported already (and read the variable's old value).
     """
-    if _UV_HOOK in os.environ:
+    _set_before_ray_import(_UV_HOOK, "0", "keep_ray_workers_in_this_environment")
+
+
+def _set_before_ray_import(name: str, value: str, caller: str) -> None:
+    """Set ``name`` unless it is set already; Ray reads it when imported, so refuse once it is."""
+    if name in os.environ:
         return
     if "ray" in sys.modules:
-        raise RuntimeError("call keep_ray_workers_in_this_environment() before ray is imported")
-    os.environ[_UV_HOOK] = "0"
+        raise RuntimeError(f"call {caller}() before ray is imported")
+    os.environ[name] = value
