@@ -73,7 +73,7 @@ def ray_url():
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(_options()), name=APP, route_prefix="/")
         url = f"http://127.0.0.1:{port}"
-        assert wait_for(lambda: _health(url).get("replicas_ready") == 2, timeout=READY_S)
+        assert wait_for(lambda: _health(url).get("replicas_ready") == 2, timeout=READY_S), _health(url)
         yield url
     finally:
         serve.shutdown()

@@ -8,20 +8,27 @@ died, or its process is stuck); it is dropped after :data:`FORGET_S`.
 
 The board is a named actor that whoever needs it first creates (``get_if_exists``); it holds
 no resources and dies with its creator, after which the next caller creates it again and the
-replicas' next reports fill it.
+replicas' next reports fill it. Each process reaches it through one :class:`BoardLink`, which
+keeps its handle for as long as the board lives: the creator's handle going out of scope would
+end the board, so a slow call (a loaded machine, the board's process still starting) is waited
+out again, never answered by dropping the handle and creating a board anew.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import ray
+from ray.exceptions import ActorUnavailableError, RayActorError
 
 __all__ = [
+    "CALL_TIMEOUT_S",
     "FORGET_S",
     "REPORT_EVERY_S",
     "STALE_S",
+    "BoardLink",
     "ReplicaBoard",
     "board_handle",
     "board_name",
@@ -29,8 +36,11 @@ __all__ = [
 ]
 
 REPORT_EVERY_S = 0.5
-STALE_S = 3.0
+#: Ten reports missed: a replica is silent, not merely slowed by a busy machine.
+STALE_S = 5.0
 FORGET_S = 60.0
+#: How long one call to the board is awaited before the caller goes on (keeping its handle).
+CALL_TIMEOUT_S = 5.0
 
 
 @ray.remote(num_cpus=0, max_concurrency=64)
@@ -76,3 +86,33 @@ def board_name(app_name: str) -> str:
 def board_handle(app_name: str) -> ray.actor.ActorHandle:
     """The board of ``app_name``, created if nobody has yet."""
     return ReplicaBoard.options(name=board_name(app_name), get_if_exists=True).remote()
+
+
+class BoardLink:
+    """One process's way to its application's board: the handle is kept while the board lives
+    and replaced only when the board is gone (its creator died), so that this process, when it
+    created the board, keeps it alive."""
+
+    def __init__(self, app_name: str) -> None:
+        self.app_name = app_name
+        self._board: ray.actor.ActorHandle | None = None
+
+    async def call(self, method: str, *args: Any) -> Any:
+        """``method(*args)`` on the board; raises ``TimeoutError`` after :data:`CALL_TIMEOUT_S`
+        (the handle is kept: the board may only be slow) and what Ray raised when the board is
+        gone (the next call finds or creates a new one)."""
+        if self._board is None:
+            self._board = await asyncio.to_thread(board_handle, self.app_name)
+        try:
+            return await asyncio.wait_for(
+                getattr(self._board, method).remote(*args), CALL_TIMEOUT_S
+            )
+        except (RayActorError, ActorUnavailableError):
+            self._board = None
+            raise
+
+    def forget(self, replica: str) -> None:
+        """Drop ``replica``'s row, without waiting (a board this process never reached is left
+        alone rather than created)."""
+        if self._board is not None:
+            self._board.forget.remote(replica)

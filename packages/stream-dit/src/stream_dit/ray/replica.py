@@ -30,7 +30,7 @@ from ..request import Request
 from ..server_limits import ServerLimits
 from ..session_facts import SessionFacts
 from ..session_spec import SessionSpec, build_session, warmup_of
-from .board import REPORT_EVERY_S, board_handle
+from .board import REPORT_EVERY_S, BoardLink
 
 __all__ = ["StreamReplica"]
 
@@ -67,7 +67,7 @@ class StreamReplica:
         self.completed = 0
         self.session = None
         self.driver: AsyncStreamSession | None = None
-        self._app_name = app_name
+        self._board = BoardLink(app_name)
         self._reporter = asyncio.get_running_loop().create_task(self._report_forever())
         try:
             # off the event loop: the board keeps hearing from the replica meanwhile
@@ -136,17 +136,13 @@ class StreamReplica:
         return row
 
     async def _report_forever(self) -> None:
-        board = None
         while True:
             try:
-                if board is None:
-                    board = await asyncio.to_thread(board_handle, self._app_name)
-                await asyncio.wait_for(board.report.remote(self.replica, self.snapshot()), 5.0)
+                await self._board.call("report", self.replica, self.snapshot())
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the board died or is slow: find it (or a new one) again
+            except Exception as exc:  # slow or gone: the link waits again or finds a new board
                 _log.debug("health report failed: %r", exc)
-                board = None
             await asyncio.sleep(REPORT_EVERY_S)
 
     @contextlib.contextmanager
@@ -162,6 +158,6 @@ class StreamReplica:
         # Ray Serve awaits this when it stops the replica (downscaling, redeploying)
         self._reporter.cancel()
         with contextlib.suppress(Exception):
-            board_handle(self._app_name).forget.remote(self.replica)
+            self._board.forget(self.replica)
         if self.driver is not None:
             await self.driver.stop()

@@ -40,7 +40,7 @@ from ..http_intake import Reject
 from ..request import Request
 from ..server_limits import ServerLimits
 from ..session_facts import SessionFacts
-from .board import REPORT_EVERY_S, board_handle
+from .board import REPORT_EVERY_S, BoardLink
 from .options import RayServeOptions
 
 __all__ = ["ReplicaRouter"]
@@ -153,17 +153,14 @@ class ReplicaRouter:
         }
 
     async def _watch_board(self) -> None:
-        board = None
+        board = BoardLink(self.options.app_name)
         while True:
             try:
-                if board is None:
-                    board = await asyncio.to_thread(board_handle, self.options.app_name)
-                self._rows = await asyncio.wait_for(board.rows.remote(), 5.0)
+                self._rows = await board.call("rows")
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the board died with its creator: make or find a new one
+            except Exception as exc:  # slow or gone: the link waits again or finds a new board
                 _log.debug("health board unreachable: %r", exc)
-                board = None
             await asyncio.sleep(REPORT_EVERY_S)
 
     # ------------------------------------------------------------------ Backend: requests
