@@ -5,6 +5,11 @@ import pytest
 import torch
 
 from stream_dit.model import build_model
+from stream_dit.ray_env import keep_ray_on_loopback, keep_ray_workers_in_this_environment
+
+# Ray reads both when it is imported, and test modules import it as they are collected
+keep_ray_on_loopback()
+keep_ray_workers_in_this_environment()
 
 # --import-mode=importlib leaves sys.path alone; the shared test helpers live beside the tests
 sys.path.insert(0, str(Path(__file__).parent))

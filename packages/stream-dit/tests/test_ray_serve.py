@@ -16,13 +16,9 @@ import time
 
 import pytest
 
-from stream_dit.ray_env import keep_ray_on_loopback, keep_ray_workers_in_this_environment
-
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
-keep_ray_on_loopback()  # before Ray is imported: it reads the variable then
-keep_ray_workers_in_this_environment()  # likewise; no second environment built for the workers
 ray = pytest.importorskip("ray")
 
 import numpy as np  # noqa: E402
