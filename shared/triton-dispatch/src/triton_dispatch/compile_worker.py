@@ -11,11 +11,12 @@ stage to run: ``"cubin"`` (the whole compile, ``ptxas`` included) or ``"llir"``.
 printed is a JSON list with one ``{"shared": bytes}`` or ``{"error": message}`` per job, in order.
 Run it with ``TRITON_INTERPRET=0`` and the kernels' modules importable (``PYTHONPATH``).
 
-Shared memory is fixed once Triton's allocation pass has run, early in the LLVM-IR stage: that
-stage's LLVM ``-O3`` pipeline and the PTX and ``ptxas`` stages that follow (about 60 % of a
-compile's CPU time) never change it, so a check of shared memory alone stops after the allocation
-and skips the optimisation (measured: the same bytes as the whole compile for every first choice
-of vq-kernels and tomo-kplanes on every target).
+Shared memory is fixed once Triton's allocation passes have run, early in the LLVM-IR stage:
+the lowering to LLVM that follows them, the LLVM ``-O3`` pipeline and the PTX and ``ptxas``
+stages never change it, so a check of shared memory alone (``through="llir"``) stops right after
+the allocation (measured: the same bytes as the whole compile for every first choice of the
+workspace's packages on every target; tests/test_compile_jobs.py keeps checking it). Launches
+that differ only where Triton does not specialise compile once.
 """
 
 from __future__ import annotations
@@ -111,10 +112,12 @@ def _jit_function(module: str, name: str):
     return fn
 
 
-def _shared_through_llir(src, target, options: dict[str, Any]) -> int:
-    """The shared memory of ``src`` after Triton's stages up to LLVM IR, without its cache and the
-    LLVM optimisation (Triton 3.6's ``compile`` minus caching, ``-O3``, PTX and ``ptxas``;
-    internals, so a failure here falls back to the whole compile)."""
+def _shared_through_llir(
+    src, target, options: dict[str, Any], *, allocation_only: bool = True
+) -> int:
+    """The shared memory of ``src`` after Triton's stages up to its allocation passes (with
+    ``allocation_only=False`` the whole LLVM-IR stage but its ``-O3``), without its cache:
+    Triton 3.6's internals, so a failure here falls back to the whole compile."""
     from triton._C.libtriton import ir, llvm
     from triton.compiler.compiler import make_backend
 
@@ -130,6 +133,8 @@ def _shared_through_llir(src, target, options: dict[str, Any]) -> int:
     metadata: dict[str, Any] = {"target": target, **parsed.__dict__}
     for stage in ("ttir", "ttgir"):
         module = stages[stage](module, metadata)
+    if allocation_only:
+        return _shared_once_allocated(stages["llir"], module, metadata)
     optimize = llvm.optimize_module
     llvm.optimize_module = lambda *args, **kwargs: None  # its output is dropped unread
     try:
@@ -137,6 +142,56 @@ def _shared_through_llir(src, target, options: dict[str, Any]) -> int:
     finally:
         llvm.optimize_module = optimize
     return int(metadata["shared"])
+
+
+class _Allocated(Exception):
+    """Raised out of the LLVM-IR stage once its allocation passes have run."""
+
+
+def _shared_once_allocated(make_llir, module, metadata: dict[str, Any]) -> int:
+    """The ``ttg.shared`` the LLVM-IR stage's own allocation passes give ``module``: the stage is
+    run with the lowering to LLVM replaced by a stop, so the passes before it (shared, tensor
+    and scratch memory allocation, in the order this Triton adds them) run and the lowering,
+    about half the stage, does not."""
+    from triton._C.libtriton import nvidia
+
+    lowering = nvidia.passes.ttgpuir.add_to_llvmir
+
+    def stop(pm, *args, **kwargs):
+        pm.run(module, "make_llir")
+        raise _Allocated
+
+    nvidia.passes.ttgpuir.add_to_llvmir = stop
+    try:
+        make_llir(module, metadata)
+    except _Allocated:
+        return int(module.get_int_attr("ttg.shared"))
+    finally:
+        nvidia.passes.ttgpuir.add_to_llvmir = lowering
+    raise AttributeError("the LLVM-IR stage never lowered to LLVM")  # the whole compile instead
+
+
+def _source_parts(fn, described: dict[str, list]) -> tuple[dict, dict, dict]:
+    """``(signature, constexprs, attrs)`` of an ``ASTSource`` for ``described``: what Triton
+    specialises a launch on (an integer argument only by its width and by whether it divides
+    by 16), so two launches with equal parts compile to the same kernel."""
+    signature, constexprs, attrs = {}, {}, {}
+    for i, param in enumerate(fn.params):
+        kind, value = described[param.name]
+        if param.is_constexpr or kind in ("none", "str"):
+            signature[param.name] = "constexpr"
+            constexprs[param.name] = value
+        elif kind == "ptr":
+            signature[param.name] = "*" + value
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif kind in ("int", "bool"):
+            value = int(value)
+            signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            if value % 16 == 0 and value and param.name not in fn.do_not_specialize:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[param.name] = "fp32"
+    return signature, constexprs, attrs
 
 
 def compile_job(job: Job) -> dict[str, Any]:
@@ -147,24 +202,10 @@ def compile_job(job: Job) -> dict[str, Any]:
     from triton.compiler import ASTSource
 
     module, name, described, options, capability, through = job
-    signature, constexprs, attrs = {}, {}, {}
+    constexprs: dict[str, Any] = {}
     try:
         fn = _jit_function(module, name)
-        for i, param in enumerate(fn.params):
-            kind, value = described[param.name]
-            if param.is_constexpr or kind in ("none", "str"):
-                signature[param.name] = "constexpr"
-                constexprs[param.name] = value
-            elif kind == "ptr":
-                signature[param.name] = "*" + value
-                attrs[(i,)] = [["tt.divisibility", 16]]
-            elif kind in ("int", "bool"):
-                value = int(value)
-                signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
-                if value % 16 == 0 and value and param.name not in fn.do_not_specialize:
-                    attrs[(i,)] = [["tt.divisibility", 16]]
-            else:
-                signature[param.name] = "fp32"
+        signature, constexprs, attrs = _source_parts(fn, described)
         src = ASTSource(fn, signature, constexprs, attrs)
         target = GPUTarget("cuda", capability, 32)
         if through == "llir":
@@ -179,15 +220,36 @@ def compile_job(job: Job) -> dict[str, Any]:
     return {"shared": int(compiled.metadata.shared)}
 
 
+def _compiled_identity(job: Job) -> str | None:
+    """What the compile of ``job`` depends on (see :func:`_source_parts`), or ``None`` when
+    that cannot be worked out (the job's own compile then reports why)."""
+    module, name, described, options, capability, through = job
+    try:
+        signature, constexprs, attrs = _source_parts(_jit_function(module, name), described)
+        parts = [module, name, signature, constexprs, sorted(attrs.items()), options]
+        return json.dumps([*parts, capability, through], sort_keys=True)
+    except Exception:
+        return None
+
+
 def compile_jobs(jobs: list[Job]) -> list[dict[str, Any]]:
-    """Every job's result, in order. Each compile is one CPU's work (the LLVM passes and
-    ``ptxas``), so the jobs run in one forked process per core."""
-    workers = min(len(jobs), os.cpu_count() or 1)
+    """Every job's result, in order. Jobs that differ only where Triton does not specialise
+    (integer sizes of one width and divisibility) compile once. Each compile is one CPU's work
+    (the LLVM passes and ``ptxas``), so the jobs run in one forked process per core."""
+    identities = [_compiled_identity(job) or f"job {i}" for i, job in enumerate(jobs)]
+    first: dict[str, Job] = {}
+    for identity, job in zip(identities, jobs):
+        first.setdefault(identity, job)
+    unique = list(first.values())
+    workers = min(len(unique), os.cpu_count() or 1)
     if workers <= 1:
-        return [compile_job(job) for job in jobs]
-    context = multiprocessing.get_context("fork")
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        return list(pool.map(compile_job, jobs))
+        results = [compile_job(job) for job in unique]
+    else:
+        context = multiprocessing.get_context("fork")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            results = list(pool.map(compile_job, unique))
+    by_identity = dict(zip(first, results))
+    return [by_identity[identity] for identity in identities]
 
 
 def main() -> None:
