@@ -20,54 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def source_paths() -> list[Path]:
-    paths = [ROOT / "shared" / "triton-dispatch" / "src", ROOT / "tools" / "src"]
-    paths += sorted(p / "src" for p in (ROOT / "packages").iterdir() if (p / "src").is_dir())
-    return paths
-
-
-def environment() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("TRITON_INTERPRET", None)  # real kernels on the GPU
-    extra = os.pathsep.join(str(p) for p in source_paths())
-    env["PYTHONPATH"] = extra + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def run_tests(out: Path, env: dict[str, str], pytest_args: list[str], timeout: int) -> dict:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-rfEs",
-        "-p",
-        "no:cacheprovider",
-        f"--junitxml={out / 'pytest.xml'}",
-        *pytest_args,
-    ]
-    start = time.perf_counter()
-    with open(out / "pytest.log", "w") as log:
-        try:
-            proc = subprocess.run(
-                cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout
-            )
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    tail = (out / "pytest.log").read_text().strip().splitlines()[-1:] or [""]
-    return {"exit": code, "seconds": round(time.perf_counter() - start, 1), "result": tail[0]}
+from distributed_jobs import DISTRIBUTED_SCRIPTS
+from harness import ROOT, device_line, environment, run_tests
 
 
 def benchmark_scripts(
     only: set[str] | None, scripts: set[str] | None = None
 ) -> list[tuple[str, Path]]:
-    from multi_gpu import DISTRIBUTED_SCRIPTS  # torchrun-only scripts run through multi_gpu.py
-
     found = []
     folders = [ROOT / "shared" / "triton-dispatch", *sorted((ROOT / "packages").iterdir())]
     for pkg in folders:
@@ -120,19 +79,6 @@ def run_benchmarks(
         part.unlink(missing_ok=True)
     scratch.rmdir()
     return results
-
-
-def device_line() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            import triton
-
-            return f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}"
-        return f"no CUDA device, torch {torch.__version__}"
-    except Exception as exc:
-        return f"torch unavailable: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:
