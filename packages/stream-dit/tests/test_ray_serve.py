@@ -203,6 +203,10 @@ def _wav_lengths(payload: bytes) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------- the tests
+#: The suite's 600 s hang guard covers the fixtures too. Beside other CPU-heavy work on 2 cores,
+#: starting the cluster and its replicas took 7 min and replacing the killed one 3 more; each
+#: wait here is on readiness (READY_S apiece), so the guard only has to outlast them.
+@pytest.mark.timeout(1800)
 def test_one_ray_serve_app_under_load_and_full(ray_url, single_url):
     """Both scenarios on one Ray (one test, so that pytest-xdist cannot put them in two workers:
     two Ray clusters on one 2-core machine at once never both get their replicas up)."""
