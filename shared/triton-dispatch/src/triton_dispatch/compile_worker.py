@@ -112,13 +112,10 @@ def _jit_function(module: str, name: str):
     return fn
 
 
-def _shared_through_llir(
-    src, target, options: dict[str, Any], *, allocation_only: bool = True
-) -> int:
-    """The shared memory of ``src`` after Triton's stages up to its allocation passes (with
-    ``allocation_only=False`` the whole LLVM-IR stage but its ``-O3``), without its cache:
-    Triton 3.6's internals, so a failure here falls back to the whole compile."""
-    from triton._C.libtriton import ir, llvm
+def _shared_through_llir(src, target, options: dict[str, Any]) -> int:
+    """The shared memory of ``src`` after Triton's stages up to its allocation passes, without
+    its cache: Triton 3.6's internals, so a failure here falls back to the whole compile."""
+    from triton._C.libtriton import ir
     from triton.compiler.compiler import make_backend
 
     backend = make_backend(target)
@@ -133,15 +130,7 @@ def _shared_through_llir(
     metadata: dict[str, Any] = {"target": target, **parsed.__dict__}
     for stage in ("ttir", "ttgir"):
         module = stages[stage](module, metadata)
-    if allocation_only:
-        return _shared_once_allocated(stages["llir"], module, metadata)
-    optimize = llvm.optimize_module
-    llvm.optimize_module = lambda *args, **kwargs: None  # its output is dropped unread
-    try:
-        stages["llir"](module, metadata)
-    finally:
-        llvm.optimize_module = optimize
-    return int(metadata["shared"])
+    return _shared_once_allocated(stages["llir"], module, metadata)
 
 
 class _Allocated(Exception):
