@@ -33,8 +33,12 @@ def test_retriever_with_compressed_index_matches_exact_rerank(tmp_path, seed):
     exact = rank.rerank(documents_ids=[ids] * 3, queries_embeddings=queries,
                         documents_embeddings=[docs] * 3)  # fmt: skip
     for got, want in zip(results, exact):
-        assert [r["id"] for r in got] == [r["id"] for r in want[:5]]
+        # each place holds a document whose exact score is that place's: two documents within
+        # float32 rounding of each other may come in either order (PyLate scores in float64)
+        exact_score = {r["id"]: float(r["score"]) for r in want}
+        assert len(got) == 5
         for a, b in zip(got, want):
+            assert abs(exact_score[a["id"]] - float(b["score"])) < 1e-5
             assert abs(a["score"] - float(b["score"])) < 1e-4
 
     index.remove_documents([results[0][0]["id"]])

@@ -21,5 +21,5 @@ for n in ${RETRIEVAL_DOCS:-100000}; do
     python3 packages/late-interaction-kernels/benchmarks/retrieval.py --docs "$n" \
         --systems ${RETRIEVAL_SYSTEMS:-exact compressed fast-plaid} \
         --options "${RETRIEVAL_OPTIONS:-}" --search-settings "${RETRIEVAL_SEARCH:-}" \
-        ${RETRIEVAL_FLAGS:-} --out "$OUT/retrieval-$n${RETRIEVAL_TAG:-}.json" 2>&1 | tee -a "$OUT/retrieval.log"
+        ${RETRIEVAL_FP:+--fast-plaid-settings "$RETRIEVAL_FP"} ${RETRIEVAL_FLAGS:-} --out "$OUT/retrieval-$n${RETRIEVAL_TAG:-}.json" 2>&1 | tee -a "$OUT/retrieval.log"
 done

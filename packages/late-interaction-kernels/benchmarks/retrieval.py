@@ -303,7 +303,7 @@ def _worker_fast_plaid(args, device) -> dict:
         "settings": [],
     }
     q_cpu = queries.cpu()
-    for setting in FAST_PLAID_SETTINGS:
+    for setting in json.loads(args.fast_plaid_settings) if args.fast_plaid_settings else FAST_PLAID_SETTINGS:
 
         def search(q, k, setting=setting):
             hits = index.search(q, top_k=k, show_progress=False, **setting)
@@ -352,6 +352,8 @@ def _spawn(args, system: str, n_docs: int, workdir: str, options: str = "") -> t
         cmd += ["--options", options]
     if args.search_settings:
         cmd += ["--search-settings", args.search_settings]
+    if args.fast_plaid_settings:
+        cmd += ["--fast-plaid-settings", args.fast_plaid_settings]
     for flag in ("host_input", "tiny", "add_check"):
         if getattr(args, flag):
             cmd += ["--" + flag.replace("_", "-")]
@@ -383,6 +385,8 @@ def main() -> None:
     p.add_argument("--options", default="",
                    help="JSON: CompressedMaxSimIndex.build options, or a list of option sets")
     p.add_argument("--search-settings", default="", help="JSON list of search() keyword sets")
+    p.add_argument("--fast-plaid-settings", default="",
+                   help="JSON list of fast-plaid search settings (default: its defaults, then wider ones)")
     p.add_argument("--host-input", action="store_true", help="build ours from host tokens")
     p.add_argument("--tiny", action="store_true", help="small vocabulary for a CPU check")
     p.add_argument("--add-check", action="store_true",

@@ -11,7 +11,14 @@ import torch
 
 from late_interaction_kernels import CompressedMaxSimIndex, MaxSimIndex
 from late_interaction_kernels.ops.compressed import codec as codec_mod
-from late_interaction_kernels.ops.compressed.pairs import Codec, centroid_pair_scores, pair_maxsim
+from late_interaction_kernels.ops.compressed import index as index_mod
+from late_interaction_kernels.ops.compressed import ivf
+from late_interaction_kernels.ops.compressed.pairs import (
+    Codec,
+    centroid_pair_scores,
+    pair_maxsim,
+    probed_centroid_scores,
+)
 from late_interaction_kernels.ops.compressed.reference import (
     centroid_pair_scores_reference,
     decompress_reference,
@@ -161,7 +168,49 @@ def test_search_with_rerank_is_exact(device, seed):
     torch.testing.assert_close(got.cpu(), exact_scores.cpu(), rtol=tol, atol=tol)
 
 
-def test_search_scores_are_decompressed_maxsim(seed):
+@pytest.fixture(params=["dense", "pairs"])
+def candidate_path(request, monkeypatch):
+    """Both ways to candidates: dense score rows (small batches) and sorted pairs (large ones)."""
+    if request.param == "pairs":
+        monkeypatch.setattr(index_mod, "DENSE_CELLS", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("backend", ["kernel", "torch"])
+def test_probed_lists_scores_match_float64(backend, seed):
+    _docs, index, Q = _index_and_exact(seed, "cpu", n_docs=30, keep_full=None)
+    Qc = Q.to(index.centroids.dtype)
+    qcs = torch.matmul(index.centroids, Qc.transpose(1, 2)).contiguous()
+    gen = torch.Generator().manual_seed(seed)
+    probes = torch.randint(-1, index.centroids.shape[0], (3, 7), generator=gen).sort(1).values
+    probes[:, 1:][probes[:, 1:] == probes[:, :-1]] = -1  # each centroid once per row
+    got = probed_centroid_scores(
+        qcs, probes, index.list_offsets, index.list_docs, index.codes, index.doc_offsets,
+        n_docs=index.n_slots, max_len=index.max_len, max_list=index._max_list,
+        backend=None if backend == "kernel" else "torch",
+    )  # fmt: skip
+    pq, pd = ivf.candidates(probes, index.list_offsets, index.list_docs, index.n_slots)
+    want = torch.full((3, index.n_slots), float("-inf"), dtype=torch.float64)
+    want[pq.long(), pd.long()] = centroid_pair_scores_reference(qcs, pq, pd, index.codes, index.doc_offsets)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    assert pq.numel() > 0
+    torch.testing.assert_close(got.double()[pq.long(), pd.long()], want[pq.long(), pd.long()],
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+def test_dense_and_pair_candidates_agree(seed, monkeypatch):
+    _docs, index, Q = _index_and_exact(seed, "cpu", n_docs=40, keep_full="host")
+    dense = index.search(Q, 5, n_probe=2, n_candidates=12, n_rerank=8)
+    monkeypatch.setattr(index_mod, "DENSE_CELLS", 0)
+    pairs = index.search(Q, 5, n_probe=2, n_candidates=12, n_rerank=8)
+    torch.testing.assert_close(dense[0], pairs[0])
+    # equal scores may come back in either order: compare the ids' sets where the scores tie
+    assert torch.equal(dense[1].sort(1).values, pairs[1].sort(1).values) or torch.equal(
+        dense[0], pairs[0]
+    )
+
+
+def test_search_scores_are_decompressed_maxsim(seed, candidate_path):
     _docs, index, Q = _index_and_exact(seed, "cpu", nbits=4, keep_full=None)
     scores, ids = index.search(Q, 4, n_probe=3, n_candidates=20)
     tokens = decompress_reference(index.codes, index.residuals, index.centroids,
@@ -182,7 +231,7 @@ def test_search_scores_are_decompressed_maxsim(seed):
     torch.testing.assert_close(sm, s_cut)
 
 
-def test_add_and_delete(seed):
+def test_add_and_delete(seed, candidate_path):
     docs, index, Q = _index_and_exact(seed, "cpu", keep_full="host")
     full_scores, full_ids = index.search(Q, 5, n_probe=16, n_candidates=30, n_rerank=30)
     part = CompressedMaxSimIndex.build(docs[:20], n_centroids=16, seed=seed, keep_full="host")
@@ -220,7 +269,7 @@ def test_save_load_roundtrip_and_bad_files(tmp_path, seed):
         CompressedMaxSimIndex.load(other)
 
 
-def test_bad_inputs(seed):
+def test_bad_inputs(seed, candidate_path):
     gen = torch.Generator().manual_seed(seed)
     docs = [_unit(torch.randn(4, 16, generator=gen)) for _ in range(20)]
     with pytest.raises(ValueError, match=r"documents\[2\] has no tokens"):

@@ -7,7 +7,9 @@ the rotations, the loss as plain PyTorch ops (``backend="torch"``: ``ray_loss``'
 plane TV ``torch.compile``d on CUDA (as in the earlier runs of BENCHMARKS.md). The fused path runs
 the Triton kernels for all of them (``tilted_plane_features``, ``nearest_rotation``, ``ray_loss``,
 ``plane_tv``). On CUDA a last case replays the fused folded step as one CUDA graph
-(``CapturedStep``, what ``reconstruct`` runs on CUDA)."""
+(``CapturedStep``, what ``reconstruct`` runs on CUDA), and two more compare the step with the tilt
+series' pose learned (``TiltPose``: per-tilt shifts and the tilt axis, rays cast through it inside
+the step) against the same graphed step casting its rays from the fixed geometry."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from tomo_kplanes.objective import (
     reconstruction_loss,
 )
 from tomo_kplanes.ops.plane_tv import plane_tv_reference
+from tomo_kplanes.pose import TiltPose
 from triton_dispatch.bench import benchmark_arguments, compare, report
 
 
@@ -39,10 +42,13 @@ def make_step(
     device,
     graph=False,
     fused_adam=None,
+    rays_in_step=False,
+    pose=False,
 ):
     """One training step as ``reconstruct`` runs it. ``fused_adam``: ``None`` means on CUDA
     (what ``reconstruct`` does); ``True`` also on the host (``step_launches.py`` counts the CUDA
-    step's launches there)."""
+    step's launches there). ``rays_in_step``: cast the rays inside the step, as ``reconstruct``
+    does; ``pose``: cast them through a learned ``TiltPose`` (shifts and tilt axis)."""
     g = torch.Generator().manual_seed(0)
     field = KPlanesTilted(
         res,
@@ -59,8 +65,14 @@ def make_step(
     # both paths use what reconstruct() uses: fused Adam on CUDA
     if fused_adam is None:
         fused_adam = torch.device(device).type == "cuda"
-    opt = torch.optim.Adam(obj.parameters(), lr=1e-3, fused=fused_adam)
     geo = TiltGeometry(tilt_range(60, 2), (res, res)).to(device)
+    groups = [{"params": list(obj.parameters()), "lr": 1e-3}]
+    cast = geo.rays
+    if pose:
+        learned = TiltPose(geo)
+        groups.append({"params": learned.learned_parameters(), "lr": 5e-2})
+        cast = learned.rays
+    opt = torch.optim.Adam(groups, fused=fused_adam)
     idx = torch.randint(0, geo.num_rays, (rays,), generator=g).to(device)
     points, steps = geo.rays(idx, samples)
     target = torch.rand(rays, generator=g).to(device)
@@ -68,6 +80,9 @@ def make_step(
     gen = torch.Generator(device=device).manual_seed(0)
 
     def step():
+        nonlocal points, steps
+        if rays_in_step or pose:
+            points, steps = cast(idx, samples)
         ctx = ReconstructionContext(
             tv_tap_points=obj.sample_tv_tap_coords(tv_points, generator=gen, device=device)
         )
@@ -125,6 +140,21 @@ def main() -> None:
                 device=device,
             )
         )
+    if device.type == "cuda":
+        for graph in (False, True):
+            label = "CUDA graph" if graph else "eager"
+            records.append(
+                compare(
+                    f"train step with pose learning, {label}",
+                    shape,
+                    ours=make_step(*cfg, fused=True, fold=True, device=device, graph=graph, pose=True),
+                    baseline=make_step(
+                        *cfg, fused=True, fold=True, device=device, graph=graph, rays_in_step=True
+                    ),
+                    baseline_name=f"fused step without pose, {label}",
+                    device=device,
+                )
+            )
     report(
         records,
         args.out,

@@ -7,7 +7,9 @@ columns ``u`` run along x, rows ``v`` across the tilt axis. At tilt angle ``θ``
 travels along ``d = (0, sin θ, cos θ)`` and detector row coordinate ``v`` lies along
 ``e_v = (0, cos θ, −sin θ)``; at ``θ = 0`` the beam is the z axis and the detector is the XY plane.
 Pixel ``(i, j)`` maps to ``v = -1 + 2 (i + shift_v) / (n_v − 1)``, ``u = -1 + 2 (j + shift_u) / (n_u − 1)``
-(per-tilt shifts in pixels). Each ray carries a fixed number of samples at the midpoints of equal
+(per-tilt shifts in pixels). With a tilt-axis angle ``ψ`` (the axis seen in the images at ``ψ`` from
+the column direction toward the rows) the pixel's offset ``c`` from the detector centre is turned
+by ``−ψ`` before the shift: ``(u, v)`` in pixels is ``R(−ψ) c + shift``. Each ray carries a fixed number of samples at the midpoints of equal
 steps between its entry into and exit from the box; its line integral is the sum of the densities
 times the step (normalised length units: the box is 2 wide). Rays that miss the box get step 0.
 """
@@ -15,6 +17,7 @@ times the step (normalised length units: the box is 2 wide). Rays that miss the 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,11 +29,13 @@ from ._checks import real_tensor
 
 @dataclass
 class TiltGeometry:
-    """Angles (degrees), detector shape ``(n_v, n_u)`` and optional per-tilt shifts ``(du, dv)``."""
+    """Angles (degrees), detector shape ``(n_v, n_u)``, optional per-tilt shifts ``(du, dv)`` in
+    pixels and the tilt axis's angle in the images (degrees, 0: along the detector's columns)."""
 
     angles_deg: torch.Tensor
     detector_shape: tuple[int, int]
     shifts: torch.Tensor | None = None
+    tilt_axis_deg: float = 0.0
 
     def __post_init__(self) -> None:
         self.angles_deg = torch.as_tensor(self.angles_deg, dtype=torch.float32).reshape(-1)
@@ -48,6 +53,15 @@ class TiltGeometry:
                 raise ValueError(
                     f"shifts must have shape (n_tilts, 2) = ({self.num_tilts}, 2), got {tuple(self.shifts.shape)}"
                 )
+            if not torch.isfinite(self.shifts).all():
+                raise ValueError("shifts holds non-finite values")
+        if isinstance(self.tilt_axis_deg, bool) or not isinstance(self.tilt_axis_deg, numbers.Real):
+            raise TypeError(
+                f"tilt_axis_deg must be a real number (degrees), got {type(self.tilt_axis_deg).__name__}"
+            )
+        self.tilt_axis_deg = float(self.tilt_axis_deg)
+        if not math.isfinite(self.tilt_axis_deg):
+            raise ValueError(f"tilt_axis_deg must be finite, got {self.tilt_axis_deg}")
 
     @property
     def num_tilts(self) -> int:
@@ -62,6 +76,7 @@ class TiltGeometry:
             self.angles_deg.to(device),
             self.detector_shape,
             None if self.shifts is None else self.shifts.to(device),
+            self.tilt_axis_deg,
         )
 
     def ray_indices(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -70,27 +85,54 @@ class TiltGeometry:
         return flat // (n_v * n_u), (flat // n_u) % n_v, flat % n_u
 
     def rays(
-        self, flat: torch.Tensor, n_samples: int, *, dtype: torch.dtype = torch.float32
+        self,
+        flat: torch.Tensor,
+        n_samples: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        shifts: torch.Tensor | None = None,
+        tilt_axis_deg: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample points ``(B, n_samples, 3)`` and step lengths ``(B,)`` of the rays ``flat``."""
+        """Sample points ``(B, n_samples, 3)`` and step lengths ``(B,)`` of the rays ``flat``.
+
+        ``shifts`` ``(n_tilts, 2)`` and ``tilt_axis_deg`` (0-d, or ``(n_tilts,)``: one angle per
+        tilt) replace the geometry's own and may carry gradients (a learned pose): the points
+        follow them, while each ray's entry into the box and its step are held at their values
+        (the samples move with the ray, not along it), so the pose's gradient is that of the line
+        integral through the field with the box boundary's terms left out.
+        """
         if n_samples < 1:
             raise ValueError(f"n_samples must be >= 1, got {n_samples}")
         device = flat.device
         tilt, row, col = self.ray_indices(flat)
         n_v, n_u = self.detector_shape
         theta = torch.deg2rad(self.angles_deg.to(device=device, dtype=dtype))[tilt]
+        shifts = self.shifts if shifts is None else shifts
+        axis = self.tilt_axis_deg if tilt_axis_deg is None else tilt_axis_deg
         col_f = col.to(dtype)
         row_f = row.to(dtype)
-        if self.shifts is not None:
-            sh = self.shifts.to(device=device, dtype=dtype)[tilt]
+        turned = isinstance(axis, torch.Tensor) or axis != 0.0
+        if turned:  # offsets from the detector's centre, turned by -psi
+            psi = torch.deg2rad(torch.as_tensor(axis, device=device, dtype=dtype))
+            if psi.dim():
+                psi = psi[tilt]
+            cu, cv = col_f - 0.5 * (n_u - 1), row_f - 0.5 * (n_v - 1)
+            c, s = torch.cos(psi), torch.sin(psi)
+            col_f, row_f = c * cu + s * cv, c * cv - s * cu
+        if shifts is not None:
+            sh = shifts.to(device=device, dtype=dtype)[tilt]
             col_f = col_f + sh[:, 0]
             row_f = row_f + sh[:, 1]
-        u = -1.0 + 2.0 * col_f / (n_u - 1)
-        v = -1.0 + 2.0 * row_f / (n_v - 1)
+        if turned:
+            u = 2.0 * col_f / (n_u - 1)
+            v = 2.0 * row_f / (n_v - 1)
+        else:
+            u = -1.0 + 2.0 * col_f / (n_u - 1)
+            v = -1.0 + 2.0 * row_f / (n_v - 1)
         sin, cos = torch.sin(theta), torch.cos(theta)
         origin = torch.stack([u, v * cos, -v * sin], dim=-1)
         direction = torch.stack([torch.zeros_like(sin), sin, cos], dim=-1)
-        t_near, t_far = _clip_to_box(origin, direction)
+        t_near, t_far = _clip_to_box(origin.detach(), direction)
         length = (t_far - t_near).clamp_min(0.0)
         step = length / n_samples
         k = torch.arange(n_samples, device=device, dtype=dtype) + 0.5

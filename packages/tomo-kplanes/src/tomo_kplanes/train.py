@@ -25,6 +25,7 @@ from .objective import (
     TomographyObject,
     reconstruction_loss,
 )
+from .pose import TiltPose
 
 
 @dataclass
@@ -76,6 +77,18 @@ class ReconstructionConfig:
     seed: int = 0
     progress: bool = True
     backend: str | None = None
+    #: learn each tilt's shift (pixels) with the volume; the reference tilt's stays fixed
+    learn_shift: bool = False
+    #: learn the tilt axis's angle in the images with the volume
+    learn_tilt_axis: bool = False
+    #: one tilt-axis angle per tilt instead of one for the series
+    per_tilt_axis: bool = False
+    #: Adam's rate for the pose (pixels and degrees a step at most, about)
+    lr_pose: float = 5e-2
+    #: weight of the pose's total variation across tilts (0: off)
+    pose_tv: float = 0.0
+    #: the tilt whose shift holds the frame; ``None``: the one closest to 0 degrees
+    reference_tilt: int | None = None
     #: replay each step as one CUDA graph: the same steps without the Python launch cost that
     #: dominates a step at these sizes. ``None``: on CUDA (under ``torch.distributed``, with
     #: NCCL); ``True``: asked for (a warning and eager steps where it cannot run); ``False``: eager.
@@ -97,6 +110,26 @@ class ReconstructionConfig:
                     f"got {value}"
                 )
             setattr(self, name, int(value))
+        for name in ("learn_shift", "learn_tilt_axis", "per_tilt_axis"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"ReconstructionConfig.{name} must be a bool, got {type(getattr(self, name)).__name__}"
+                )
+        for name in ("lr_pose", "pose_tv"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(
+                    f"ReconstructionConfig.{name} must be a number, got {type(value).__name__}"
+                )
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(
+                    f"ReconstructionConfig.{name} must be finite and >= 0, got {value}"
+                )
+
+    @property
+    def learns_pose(self) -> bool:
+        """Whether the run learns any part of the tilt series' alignment."""
+        return self.learn_shift or self.learn_tilt_axis
 
     def resolved(self, geometry: TiltGeometry) -> ReconstructionConfig:
         """A copy whose automatic (``None``) settings are filled in for ``geometry``: what
@@ -142,6 +175,8 @@ class ReconstructionResult:
     #: the field's projections carry under ``COLLAPSE_ENERGY`` of the data's energy: an empty
     #: volume, not a reconstruction
     collapsed: bool = False
+    #: the learned alignment (``learn_shift`` / ``learn_tilt_axis``), else ``None``
+    pose: TiltPose | None = None
 
 
 def build_object(config: ReconstructionConfig, device: torch.device | str) -> TomographyObject:
@@ -163,21 +198,26 @@ def build_object(config: ReconstructionConfig, device: torch.device | str) -> To
     return TomographyObject(field_model, config.constraints).to(device)
 
 
-def make_optimizer(field_model: nn.Module, config: ReconstructionConfig) -> torch.optim.Adam:
-    """Adam with one parameter group per role (planes, decoder, rotations), each its own rate; the
-    fused (one kernel per step) implementation when every parameter is on CUDA."""
-    groups = field_model.parameter_groups()
+def make_optimizer(
+    field_model: nn.Module, config: ReconstructionConfig, pose: TiltPose | None = None
+) -> torch.optim.Adam:
+    """Adam with one parameter group per role (planes, decoder, rotations, and the pose's learned
+    parameters when given), each its own rate; the fused (one kernel per step) implementation when
+    every parameter is on CUDA."""
+    groups = dict(field_model.parameter_groups())
+    groups["pose"] = pose.learned_parameters() if pose is not None else []
     lrs = {
         "planes": config.lr_planes,
         "decoder": config.lr_decoder,
         "rotations": config.lr_rotations,
+        "pose": config.lr_pose,
     }
     params = [p for k in groups for p in groups[k]]
     fused = bool(params) and all(p.is_cuda for p in params)
     return torch.optim.Adam(
         [
             {"params": groups[k], "lr": lrs[k], "name": k}
-            for k in ("planes", "decoder", "rotations")
+            for k in ("planes", "decoder", "rotations", "pose")
             if groups[k]
         ],
         fused=fused,
@@ -255,9 +295,21 @@ def reconstruct(
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     inner = obj.field
+    pose = None
+    if config.learns_pose:
+        pose = TiltPose(
+            geometry,
+            learn_shift=config.learn_shift,
+            learn_tilt_axis=config.learn_tilt_axis,
+            per_tilt_axis=config.per_tilt_axis,
+            reference_tilt=config.reference_tilt,
+        )
+    cast = pose.rays if pose is not None else geometry.rays
     trained = [p for p in inner.parameters() if p.requires_grad]
+    if pose is not None:
+        trained += pose.learned_parameters()
     average = _GradientAverage(trained, world) if world > 1 else None
-    optimizer = make_optimizer(inner, config)
+    optimizer = make_optimizer(inner, config, pose)
     scheduler = cosine_schedule(optimizer, config.steps, config.warmup_steps)
 
     train_rays, held_rays = _split_rays(geometry.num_rays, config, device)
@@ -269,6 +321,8 @@ def reconstruct(
     if resume and ckpt is not None and ckpt.exists():
         state = load_checkpoint(ckpt, map_location=device)
         inner.load_state_dict(state["field"])
+        if pose is not None:
+            pose.load_state_dict(state["pose"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         # generator states are host byte tensors on every device (map_location moved it)
@@ -292,7 +346,7 @@ def reconstruct(
     my_slots = torch.arange(rank * local, (rank + 1) * local, device=device)
 
     def train_step() -> torch.Tensor:
-        points, steps = geometry.rays(batch_rays, config.samples_per_ray)
+        points, steps = cast(batch_rays, config.samples_per_ray)
         ctx = ReconstructionContext()
         if config.weights.volume_tv > 0:
             taps = obj.sample_tv_tap_coords(tv_local * world, generator=gen, device=device)
@@ -302,6 +356,8 @@ def reconstruct(
         loss, _ = reconstruction_loss(
             obj, points, steps, target[batch_rays], config.weights, ctx, fold_taps=config.fold_taps
         )
+        if pose is not None and config.pose_tv > 0:
+            loss = loss + config.pose_tv * pose.smoothness()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if average is not None:
@@ -345,7 +401,7 @@ def reconstruct(
             losses.append(loss.item())
             bar.set_postfix(loss=f"{losses[-1]:.3e}")
         if held_rays.numel() and config.eval_every and (step + 1) % config.eval_every == 0:
-            held = _holdout_loss(obj, geometry, held_rays, target, config)
+            held = _holdout_loss(obj, cast, held_rays, target, config)
             held_losses.append(held)
             if held < best * (1 - 1e-4):
                 best, bad = held, 0
@@ -363,6 +419,7 @@ def reconstruct(
             save_checkpoint(
                 {
                     "field": inner.state_dict(),
+                    **({"pose": pose.state_dict()} if pose is not None else {}),
                     "optimizer": optimizer.state_dict(),
                     "scheduler": scheduler.state_dict(),
                     "generator": gen.get_state(),
@@ -378,7 +435,7 @@ def reconstruct(
             )
     bar.close()
     fit_rays = held_rays if held_rays.numel() else train_rays[: 8 * config.rays_per_batch]
-    explained, carried = _fit(obj, geometry, fit_rays, target, config)
+    explained, carried = _fit(obj, cast, fit_rays, target, config)
     collapsed = carried < COLLAPSE_ENERGY
     if collapsed:
         warnings.warn(
@@ -390,7 +447,7 @@ def reconstruct(
             stacklevel=2,
         )
     return ReconstructionResult(
-        obj, losses, held_losses, step + 1, stopped, config, explained, collapsed
+        obj, losses, held_losses, step + 1, stopped, config, explained, collapsed, pose
     )
 
 
@@ -429,24 +486,25 @@ class _GradientAverage:
 
 
 @torch.no_grad()
-def _holdout_loss(obj, geometry, rays, target, config) -> float:
+def _holdout_loss(obj, cast, rays, target, config) -> float:
     total = 0.0
     for start in range(0, rays.numel(), config.rays_per_batch):
         idx = rays[start : start + config.rays_per_batch]
-        points, steps = geometry.rays(idx, config.samples_per_ray)
+        points, steps = cast(idx, config.samples_per_ray)
         dens = obj.densities(points.reshape(-1, 3)).reshape(points.shape[:2])
         total += float(((dens.sum(1) * steps - target[idx]) ** 2).sum())
     return total / rays.numel()
 
 
 @torch.no_grad()
-def _fit(obj, geometry, rays, target, config) -> tuple[float, float]:
+def _fit(obj, cast, rays, target, config) -> tuple[float, float]:
     """On ``rays``: ``(1 - |Ax - b|² / |b|², |Ax|² / |b|²)``, the share of the data's signal
-    energy the field explains and the share its projections carry (both 1.0 for empty data)."""
+    energy the field explains and the share its projections carry (both 1.0 for empty data).
+    ``cast``: the rays' sampler (the geometry's, or the learned pose's)."""
     residual = carried = energy = 0.0
     for start in range(0, rays.numel(), config.rays_per_batch):
         idx = rays[start : start + config.rays_per_batch]
-        points, steps = geometry.rays(idx, config.samples_per_ray)
+        points, steps = cast(idx, config.samples_per_ray)
         dens = obj.densities(points.reshape(-1, 3)).reshape(points.shape[:2])
         projected, data = (dens.sum(1) * steps).double(), target[idx].double()
         residual += float(((projected - data) ** 2).sum())

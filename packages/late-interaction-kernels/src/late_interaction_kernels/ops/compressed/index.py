@@ -4,6 +4,7 @@ decompressed tokens, then (optionally) by their stored tokens."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from typing import Literal
@@ -13,8 +14,11 @@ import torch
 from ..retrieve.index import read_index_file
 from ..retrieve.validation import describe
 from . import codec, ivf
-from .pairs import Codec, centroid_pair_scores, pair_maxsim
+from .pairs import Codec, centroid_pair_scores, pair_maxsim, probed_centroid_scores
 
+#: Queries times documents up to which a batch takes its candidates from dense score rows
+#: (float32, 128 MiB at most) instead of sorted pairs: the single-query and small-batch path.
+DENSE_CELLS = 1 << 25
 #: What :meth:`CompressedMaxSimIndex.save` writes under ``"format"``.
 FORMAT = "late_interaction_kernels.CompressedMaxSimIndex/1"
 #: Bytes of ``centroids @ Q.T`` scores held at once during a search (sets the query chunk).
@@ -100,6 +104,7 @@ class CompressedMaxSimIndex:
         self.__dict__.update(state)
         self._codec = Codec(self.codes, self.residuals, self.centroids, self.bucket_weights, self.nbits)
         self._live_count = int(self.live.sum())
+        self._max_list = _longest_list(self.list_offsets)
 
     # ----------------------------------------------------------------------------- building
     @classmethod
@@ -113,6 +118,7 @@ class CompressedMaxSimIndex:
         kmeans_iters: int = 4,
         kmeans_points_per_centroid: int = 64,
         keep_full: KeepFull | None = "host",
+        reserve: float = 0.1,
         normalize: bool = False,
         device: torch.device | str | None = None,
         seed: int = 0,
@@ -133,6 +139,11 @@ class CompressedMaxSimIndex:
                 memory (the default: the GPU reads the few it needs over the bus; 256 bytes a
                 128-dim token of host memory), on the index's ``"device"``, or ``None`` (only
                 the codes: no rerank, scores from the decompressed tokens).
+            reserve: room kept for later :meth:`add` calls in the kept tokens' store, as a share
+                of the collection's tokens (0.1: an add of up to a tenth more copies only the new
+                tokens; past it the store grows by a quarter, a copy of every kept token).
+                Pinning host memory is what a build spends most time on after k-means, so an add
+                that had to re-pin the whole store would cost as much as a build.
             normalize: L2-normalise documents (here) and queries (at search) first.
             device: where the index lives and is built (default: the documents' device).
             seed: the k-means sample and initialisation.
@@ -143,6 +154,8 @@ class CompressedMaxSimIndex:
             raise ValueError(f"keep_full must be None, 'device' or 'host', got {keep_full!r}")
         _int_option("kmeans_iters", kmeans_iters, 0)
         _int_option("kmeans_points_per_centroid", kmeans_points_per_centroid)
+        if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not 0 <= reserve <= 10:
+            raise ValueError(f"reserve must be a number in [0, 10] (a share of the tokens), got {reserve!r}")
         tokens, lengths = _packed(documents, lengths)
         n_tok, dim = tokens.shape
         if dim == 0 or (dim * nbits) % 8:
@@ -173,10 +186,11 @@ class CompressedMaxSimIndex:
             "doc_offsets": doc_offsets.to(device),
             "live": torch.ones(lengths.shape[0], dtype=torch.bool, device=device),
         }  # fmt: skip
-        store = _new_store(n_tok, dim, keep_full, device, dtype)
+        store = _new_store(n_tok + math.ceil(reserve * n_tok), dim, keep_full, device, dtype)
         state.update(_encode_all(tokens, state, device, dtype, first_doc=0, offsets=doc_offsets,
                                  store=store))  # fmt: skip
-        state["_full_store"], state["full"] = store, store
+        state["_full_store"] = store
+        state["full"] = None if store is None else store[:n_tok]
         if keep_full == "host":
             state["host_offsets"] = doc_offsets.clone()
         state["max_len"] = int(lengths.max())
@@ -204,7 +218,7 @@ class CompressedMaxSimIndex:
         held = [self.codes, self.residuals, self.centroids, self.bucket_weights, self.cutoffs,
                 self.doc_offsets, self.live, self.list_offsets, self.list_docs]  # fmt: skip
         if self.full is not None and self.full.device == self.device:
-            held.append(self.full)
+            held.append(self._full_store)  # with the room kept for adds
         return sum(t.numel() * t.element_size() for t in held)
 
     @torch.no_grad()
@@ -298,6 +312,8 @@ class CompressedMaxSimIndex:
         else:
             probes = qcs.topk(n_probe, dim=1).indices  # (nq, n_probe, Lq)
             probes = probes.masked_fill(~valid[:, None, :], -1).reshape(nq, -1)
+            if nq * self.n_slots <= DENSE_CELLS:
+                return self._search_dense(Qc, qcs, probes, k, n_candidates, n_rerank, backend)
             pair_query, pair_doc = ivf.candidates(probes, self.list_offsets, self.list_docs, self.n_slots)
         approx = centroid_pair_scores(qcs, pair_query, pair_doc, self.codes, self.doc_offsets,
                                       max_len=self.max_len, backend=backend)  # fmt: skip
@@ -308,6 +324,32 @@ class CompressedMaxSimIndex:
         # of the candidates' count this stage needs anyway
         cand = _best_per_query(approx, pair_query, pair_doc, nq, n_candidates,
                                also_read=~torch.isfinite(Qc).all())  # fmt: skip
+        return self._rescore(Qc, cand, k, n_rerank, backend)
+
+    def _search_dense(self, Qc, qcs, probes, k, n_candidates, n_rerank, backend):
+        """A small batch: every probed document's candidate score lands in a dense row per query
+        and the candidates are its top ``n_candidates``: no candidate count crosses to the host,
+        and the one synchronisation is the non-finite-query check at the end."""
+        ordered = probes.sort(dim=1).values
+        # a centroid probed by several query tokens is scored once
+        repeat = torch.zeros_like(ordered, dtype=torch.bool)
+        repeat[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
+        approx = probed_centroid_scores(
+            qcs, ordered.masked_fill(repeat, -1), self.list_offsets, self.list_docs, self.codes,
+            self.doc_offsets, n_docs=self.n_slots, max_len=self.max_len, max_list=self._max_list,
+            backend=backend,
+        )  # fmt: skip
+        bad = ~torch.isfinite(Qc).all()
+        approx = torch.where(self.live, approx, float("-inf"))  # deleted documents never pass
+        ids = torch.arange(self.n_slots, device=self.device).expand_as(approx)
+        out = self._rescore(Qc, _take(approx, ids, n_candidates), k, n_rerank, backend)
+        if bool(bad):
+            raise ValueError("Q holds NaN or infinite values")
+        return out
+
+    def _rescore(self, Qc, cand, k, n_rerank, backend):
+        """The decompressed score of the candidates ``cand`` (-1: none), the exact rerank of the
+        best ``n_rerank``, and the top ``k``: ``(scores float32, ids int64)``."""
         scores = self._score(Qc, cand, codec=self._codec, backend=backend)
         if n_rerank:
             cand = _take(scores, cand, n_rerank)
@@ -401,6 +443,7 @@ class CompressedMaxSimIndex:
         self.list_offsets, self.list_docs = ivf.build_lists(self.codes, self.doc_offsets, self.centroids.shape[0])
         self._codec = Codec(self.codes, self.residuals, self.centroids, self.bucket_weights, self.nbits)
         self._live_count += lengths.shape[0]
+        self._max_list = _longest_list(self.list_offsets)
         return torch.arange(first, first + lengths.shape[0])
 
     def delete(self, ids: torch.Tensor | Sequence[int]) -> None:
@@ -550,6 +593,12 @@ def _best_per_query(scores, pair_query, pair_doc, nq: int, n: int, also_read=Non
     dense[pair_query.long(), pos] = scores
     docs[pair_query.long(), pos] = pair_doc.long()
     return _take(dense, docs, n)
+
+
+def _longest_list(list_offsets: torch.Tensor) -> int:
+    """The most documents any inverted list holds."""
+    lengths = list_offsets[1:] - list_offsets[:-1]
+    return int(lengths.max()) if lengths.numel() else 0
 
 
 def _take(scores: torch.Tensor, docs: torch.Tensor, n: int) -> torch.Tensor:

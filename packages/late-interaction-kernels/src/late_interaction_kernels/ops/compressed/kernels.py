@@ -5,6 +5,8 @@ score matrix.
 * :func:`centroid_pair_kernel`: the candidate score. The document's centroid ids index the
   query's row block of ``centroids @ Q.T`` (``(K, Lq)``, contiguous per centroid: one 64-byte
   read per token for 32 fp16 query tokens), a running max per query token, then the sum.
+* :func:`probed_lists_kernel`: the same score for every document on a query's probed inverted
+  lists, written into a dense row per query (small batches: no candidate count on the host).
 * :func:`pair_maxsim_kernel`: MaxSim against the document's tokens, either decompressed in
   registers from their centroid and packed bucket indices (``COMPRESSED``) or read as stored
   (the exact rerank), one ``tl.dot`` per tile of tokens against the query's tokens.
@@ -29,13 +31,9 @@ def load_pair(PAIR_Q, PAIR_D, DOC_OFF, p):
 
 
 @triton.jit
-def centroid_pair_kernel(
-    QCS, PAIR_Q, PAIR_D, CODES, DOC_OFF, OUT, n_centroids, lq, max_len,
-    DYNAMIC_BOUNDS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_Q: tl.constexpr,
-):  # fmt: skip
-    p = tl.program_id(0)
-    qi, lo, n_tok = load_pair(PAIR_Q, PAIR_D, DOC_OFF, p)
-    base = QCS + qi * n_centroids * lq
+def centroid_score(base, CODES, lo, n_tok, lq, max_len,
+                   DYNAMIC_BOUNDS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_Q: tl.constexpr):  # fmt: skip
+    """One document's candidate score from its query's ``(K, Lq)`` centroid scores at ``base``."""
     total = 0.0
     for q0 in range(0, lq, BLOCK_Q):
         t = q0 + tl.arange(0, BLOCK_Q)
@@ -51,7 +49,47 @@ def centroid_pair_kernel(
             best = tl.maximum(best, tl.max(s.to(tl.float32), 0))
         # an empty document (best -inf everywhere) and padded query columns add 0
         total += tl.sum(tl.where(t_ok & (best > float("-inf")), best, 0.0), 0)
+    return total
+
+
+@triton.jit
+def centroid_pair_kernel(
+    QCS, PAIR_Q, PAIR_D, CODES, DOC_OFF, OUT, n_centroids, lq, max_len,
+    DYNAMIC_BOUNDS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_Q: tl.constexpr,
+):  # fmt: skip
+    p = tl.program_id(0)
+    qi, lo, n_tok = load_pair(PAIR_Q, PAIR_D, DOC_OFF, p)
+    base = QCS + qi * n_centroids * lq
+    total = centroid_score(base, CODES, lo, n_tok, lq, max_len, DYNAMIC_BOUNDS, BLOCK_L, BLOCK_Q)
     tl.store(OUT + p, total)
+
+
+@triton.jit
+def probed_lists_kernel(
+    QCS, PROBES, LIST_OFF, LIST_DOCS, CODES, DOC_OFF, OUT,
+    n_probes, n_centroids, n_docs, lq, max_len, per_program,
+    DYNAMIC_BOUNDS: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_Q: tl.constexpr,
+):  # fmt: skip
+    """Program ``(i, p, c)``: documents ``c * per_program ...`` of the list of query ``i``'s
+    probe ``p`` (negative: none), each scored and written to row ``i`` of the dense ``OUT``
+    ``(Nq, N)`` at its id. A document on several probed lists is written with the same value by
+    each, so the dense row needs no deduplication and the host never learns the count."""
+    qi = tl.program_id(0).to(tl.int64)
+    centroid = tl.load(PROBES + qi * n_probes + tl.program_id(1)).to(tl.int64)
+    if centroid >= 0:
+        start = tl.load(LIST_OFF + centroid)
+        end = tl.load(LIST_OFF + centroid + 1)
+        first = start + tl.program_id(2).to(tl.int64) * per_program
+        base = QCS + qi * n_centroids * lq
+        for i in range(0, per_program):
+            e = first + i
+            if e < end:
+                doc = tl.load(LIST_DOCS + e).to(tl.int64)
+                lo = tl.load(DOC_OFF + doc)
+                n_tok = (tl.load(DOC_OFF + doc + 1) - lo).to(tl.int32)
+                total = centroid_score(base, CODES, lo, n_tok, lq, max_len,
+                                       DYNAMIC_BOUNDS, BLOCK_L, BLOCK_Q)  # fmt: skip
+                tl.store(OUT + qi * n_docs + doc, total)
 
 
 @triton.jit

@@ -14,6 +14,7 @@ import torch
 
 from triton_dispatch import next_power_of_2, padded_dim, select_backend, uses_triton
 
+from .ivf import candidates
 from .reference import unpack_buckets
 
 #: Pairs scored at a time on the PyTorch path (bounds its padded ``(pairs, max_len, d)`` block).
@@ -159,4 +160,54 @@ def centroid_pair_scores(
     return out
 
 
-__all__ = ["Codec", "centroid_pair_scores", "pair_maxsim"]
+#: Grid limit of the probed lists' third axis (CUDA's 65,535): longer lists take more per program.
+_MAX_LIST_PROGRAMS = 65_535
+#: Documents of an inverted list scored by one program (at least).
+LIST_DOCS_PER_PROGRAM = 8
+
+
+def probed_centroid_scores(
+    query_centroid_scores: torch.Tensor,
+    probes: torch.Tensor,
+    list_offsets: torch.Tensor,
+    list_docs: torch.Tensor,
+    codes: torch.Tensor,
+    doc_offsets: torch.Tensor,
+    *,
+    n_docs: int,
+    max_len: int,
+    max_list: int,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """Dense float32 ``(Nq, n_docs)``: the candidate score of every document on the inverted lists
+    of query ``i``'s ``probes[i]`` (centroid ids, each at most once per row; negative: none),
+    ``-inf`` for the others. ``max_list``: the longest list's length. Nothing is read back to the
+    host, so a small batch runs without a synchronisation."""
+    qcs = query_centroid_scores
+    nq, n_probes = probes.shape
+    out = torch.full((nq, n_docs), float("-inf"), dtype=torch.float32, device=qcs.device)
+    chosen = _kernel_backend(qcs, backend)
+    if chosen is None:
+        pair_query, pair_doc = candidates(probes, list_offsets, list_docs, n_docs)
+        scores = centroid_pair_scores(qcs, pair_query, pair_doc, codes, doc_offsets,
+                                      max_len=max_len, backend=backend)  # fmt: skip
+        out[pair_query.long(), pair_doc.long()] = scores
+        return out
+    if nq == 0 or n_probes == 0 or max_list == 0:
+        return out
+    from .kernels import probed_lists_kernel
+
+    interpret = chosen == "interpret"
+    _nq, n_centroids, lq = qcs.shape
+    per_program = max(LIST_DOCS_PER_PROGRAM, -(-max_list // _MAX_LIST_PROGRAMS))
+    grid = (nq, n_probes, -(-max_list // per_program))
+    probed_lists_kernel[grid](
+        qcs, probes.contiguous(), list_offsets, list_docs, codes, doc_offsets, out,
+        n_probes, n_centroids, n_docs, lq, max_len, per_program,
+        DYNAMIC_BOUNDS=not interpret, BLOCK_L=32 if interpret else 64,
+        BLOCK_Q=min(max(16, next_power_of_2(lq)), 64), num_warps=4,
+    )  # fmt: skip
+    return out
+
+
+__all__ = ["Codec", "centroid_pair_scores", "pair_maxsim", "probed_centroid_scores"]
