@@ -70,7 +70,7 @@ def test_pose_gradients_match_finite_differences_where_the_box_does_not_move():
     )
     obj = _field("torch", int(torch.randint(0, 2**31, ())))
     rays = torch.arange(geo.num_rays)
-    tilt, row, col = geo.ray_indices(rays)
+    _tilt, row, col = geo.ray_indices(rays)
     inner = (row > 0) & (row < 4) & (col > 0) & (col < 5)  # rays that stay inside the box
     rays, target = rays[inner], torch.rand(int(inner.sum()), dtype=torch.float64)
     pose = TiltPose(geo).double()
@@ -94,7 +94,10 @@ def test_pose_gradients_match_finite_differences_where_the_box_does_not_move():
             numeric = (f(*up).item() - f(*down).item()) / (2 * eps)
             if which == 0 and i // 2 == pose.reference_tilt:
                 numeric = 0.0  # the reference tilt's offset does not act
-            assert abs(got[which].view(-1)[i].item() - numeric) <= 1e-6 * (1 + abs(numeric)), (which, i)
+            assert abs(got[which].view(-1)[i].item() - numeric) <= 1e-6 * (1 + abs(numeric)), (
+                which,
+                i,
+            )
 
 
 def test_a_turned_tilt_axis_turns_the_untilted_image():

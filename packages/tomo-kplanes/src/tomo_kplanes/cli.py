@@ -17,6 +17,7 @@ import torch
 from triton_dispatch import select_backend
 from triton_dispatch.demo import pinned_threads
 
+from .cli_pose import POSE_FILE, add_pose_flags, misaligned, pose_config, write_pose
 from .geometry import TiltGeometry, tilt_range
 from .metrics import psnr, ssim
 from .objective import LossWeights
@@ -301,6 +302,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="replay each training step as one CUDA graph (default: on CUDA)",
     )
+    add_pose_flags(rec, _number, _integer)
     return parser
 
 
@@ -319,6 +321,7 @@ OUTPUT_FILES = (
     "volume.pt",
     "slices.png",
     "metrics.json",
+    POSE_FILE,
     CHECKPOINT_FILE,
 )
 _PHANTOM_NAMES = {"shepp-logan": "Shepp-Logan", "nanoparticle": "nanoparticle"}
@@ -455,6 +458,11 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise UsageError(
             "--angles needs --tilt-series (the phantom's tilts are --max-angle and --angle-step)"
         )
+    if args.tilt_series is not None and (args.misalign_shifts or args.misalign_tilt_axis):
+        raise UsageError(
+            "--misalign-shifts and --misalign-tilt-axis misalign the built-in phantom's series; "
+            "a --tilt-series is recorded as it is"
+        )
     if args.tilt_series is not None and args.size is not None:
         raise UsageError(
             "--size is the built-in phantom's side; a --tilt-series sets its own volume side "
@@ -483,6 +491,7 @@ def reconstruction_config(args: argparse.Namespace, geometry: TiltGeometry) -> R
         cuda_graph=args.cuda_graph,
         checkpoint_every=args.checkpoint_every,
         checkpoint_path=None if ckpt is None else str(ckpt),
+        **pose_config(args),
     ).resolved(geometry)
 
 
@@ -505,7 +514,7 @@ def _run(args: argparse.Namespace, device: torch.device, threads: int | None) ->
     from .phantoms import nanoparticle_phantom, shepp_logan_3d, simulate_tilt_series
     from .sirt import sirt
 
-    truth = None
+    truth = recorded = None
     if args.tilt_series is not None:
         data, angles = _load_series(args)
         series = torch.from_numpy(data).to(device)
@@ -524,7 +533,8 @@ def _run(args: argparse.Namespace, device: torch.device, threads: int | None) ->
             else maker(size, seed=args.seed, device=device)
         )
         geo = TiltGeometry(tilt_range(args.max_angle, args.angle_step), (size, size))
-        series = simulate_tilt_series(truth, geo, dose=args.dose, seed=args.seed)
+        recorded = misaligned(args, geo)
+        series = simulate_tilt_series(truth, recorded, dose=args.dose, seed=args.seed)
         noise = "noiseless" if args.dose is None else f"dose {args.dose:g}"
         title = (
             f"Central slices: {_PHANTOM_NAMES[args.phantom]} phantom ({size} x {size} x {size}), "
@@ -567,6 +577,8 @@ def _run(args: argparse.Namespace, device: torch.device, threads: int | None) ->
         metrics["resumed_from_step"] = resumed_from
     if args.warmup:
         metrics["seconds_warmup"] = report.seconds
+    if result.pose is not None:
+        metrics.update(write_pose(out, result, series, recorded))
     files = {}
     try:
         files["volume"] = str(write_volume_mrc(out / "volume.mrc", ours))

@@ -176,3 +176,26 @@ def shift_error_px(learned: torch.Tensor, truth: torch.Tensor, angles_deg: torch
     fit = torch.linalg.lstsq(basis, diff[:, 1:2]).solution
     dv = diff[:, 1] - (basis @ fit)[:, 0]
     return math.sqrt(float((du.square() + dv.square()).mean()))
+
+
+@torch.no_grad()
+def tilt_residuals(
+    object_model: nn.Module,
+    cast,
+    tilt_series: torch.Tensor,
+    n_samples: int,
+    *,
+    chunk: int = 8192,
+) -> torch.Tensor:
+    """float32 ``(n_tilts,)``: per tilt, the RMS over its pixels of the field's projection (rays
+    from ``cast(flat, n_samples)``, e.g. :meth:`TiltPose.rays`) minus the recorded image."""
+    n_tilts = tilt_series.shape[0]
+    target = tilt_series.reshape(-1).float()
+    flat = torch.arange(target.numel(), device=tilt_series.device)
+    squares = torch.empty_like(target)
+    for start in range(0, flat.numel(), chunk):
+        idx = flat[start : start + chunk]
+        points, steps = cast(idx, n_samples)
+        dens = object_model.densities(points.reshape(-1, 3)).reshape(points.shape[:2])
+        squares[start : start + chunk] = (dens.sum(1) * steps - target[idx]).square()
+    return squares.reshape(n_tilts, -1).mean(1).sqrt()
