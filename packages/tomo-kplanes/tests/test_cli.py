@@ -89,6 +89,10 @@ _PHANTOM = ["reconstruct", "--angle-step", "30"]
         (["--samples-per-ray", "0"], "--samples-per-ray"),
         (["--backend", "fast"], "--backend"),
         (["--resume", "nope.pt"], "--resume"),
+        (["--lr-pose", "-1"], "--lr-pose"),
+        (["--reference-tilt", "-2"], "--reference-tilt"),
+        (["--misalign-tilt-axis", "95"], "--misalign-tilt-axis"),
+        (["--tilt-series", "nope.st", "--angles", "0,1", "--misalign-shifts", "2"], "--misalign-shifts"),
     ],
 )
 def test_user_errors_are_one_line_naming_the_flag(tmp_path, capsys, argv, flag):
@@ -357,3 +361,21 @@ def test_reconstruct_on_cuda_runs_the_fused_path():
     series = simulate_tilt_series(truth, geo)
     result = reconstruct(series, geo, ReconstructionConfig(resolution=32, steps=100, progress=False))
     assert result.losses[-1] < result.losses[0]
+
+
+def test_a_misaligned_phantom_with_pose_learning_writes_the_pose(tmp_path):
+    out = tmp_path / "pose"
+    argv = ["reconstruct", "--size", "12", "--angle-step", "20", "--output", str(out), *_FAST,
+            "--misalign-shifts", "1.5", "--misalign-tilt-axis", "1", "--learn-shift",
+            "--learn-tilt-axis"]  # fmt: skip
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    pose = json.loads((out / "pose.json").read_text())
+    assert len(pose["tilts"]) == 7 and pose["truth"]["tilt_axis_deg"] == 1.0
+    assert sum(row["reference"] for row in pose["tilts"]) == 1
+    assert all(np.isfinite(row["residual_rms"]) for row in pose["tilts"])
+    for key in ("pose_tilt_axis_deg", "pose_shift_error_px", "pose_tilt_axis_error_deg"):
+        assert np.isfinite(metrics[key])
+    # the reference tilt (0 degrees) keeps the recorded geometry's shift: zero
+    ref = pose["tilts"][pose["reference_tilt"]]
+    assert ref["angle_deg"] == 0.0 and ref["shift_u_px"] == ref["shift_v_px"] == 0.0
