@@ -132,6 +132,11 @@ def main() -> int:
            "OUT": "*fp32", "n_centroids": "i32", "lq": "i32", "max_len": "i32"}  # fmt: skip
     check("compressed centroid pairs", compressed.centroid_pair_kernel, sig,
           dict(DYNAMIC_BOUNDS=True, BLOCK_L=64, BLOCK_Q=32))  # fmt: skip
+    sig = {"QCS": "*fp16", "PROBES": "*i64", "LIST_OFF": "*i64", "LIST_DOCS": "*i32", "CODES": "*i32",
+           "DOC_OFF": "*i64", "OUT": "*fp32", "n_probes": "i32", "n_centroids": "i32", "n_docs": "i32",
+           "lq": "i32", "max_len": "i32", "per_program": "i32"}  # fmt: skip
+    check("compressed probed lists", compressed.probed_lists_kernel, sig,
+          dict(DYNAMIC_BOUNDS=True, BLOCK_L=64, BLOCK_Q=32))  # fmt: skip
     pairs = {"Q": "*fp16", "PAIR_Q": "*i32", "PAIR_D": "*i32", "DOC_OFF": "*i64", "TOKENS": "*fp16",
              "CODES": "*i32", "PACKED": "*u8", "C": "*fp16", "W": "*fp32", "OUT": "*fp32",
              "lq": "i32", "dim": "i32", "width": "i32", "max_len": "i32"}  # fmt: skip
