@@ -132,9 +132,9 @@ def test_learning_the_pose_recovers_shifts_and_the_tilt_axis():
     learned = result.pose.shifts().detach()
     before = shift_error_px(torch.zeros_like(truth), truth, angles)
     assert shift_error_px(learned, truth, angles) < 0.2 * before
-    # 16 pixels pin the axis loosely (0.6-1.1 degrees of 1.5 across seeds; BENCHMARKS.md has the
-    # recovery at full size): it must have moved most of the way from 0 toward the truth
-    assert 0.4 < float(result.pose.tilt_axis_deg().detach()) < 2.6
+    # 16 pixels pin the axis loosely (0.9-1.45 degrees of 1.5 across seeds; BENCHMARKS.md has the
+    # recovery at larger sizes): it must have moved most of the way from 0 toward the truth
+    assert 0.5 < float(result.pose.tilt_axis_deg().detach()) < 2.5
     rows = result.pose.table()
     assert len(rows) == len(angles) and sum(r["reference"] for r in rows) == 1
 
@@ -187,6 +187,7 @@ def test_shift_error_ignores_a_rigid_move_of_the_volume():
         (lambda g: TiltGeometry(g.angles_deg, (4, 4), tilt_axis_deg="1.5"), TypeError, "tilt_axis_deg"),
         (lambda g: ReconstructionConfig(learn_shift="yes"), TypeError, "learn_shift"),
         (lambda g: ReconstructionConfig(lr_pose=-1.0), ValueError, "lr_pose"),
+        (lambda g: ReconstructionConfig(lr_tilt_axis=math.inf), ValueError, "lr_tilt_axis"),
         (lambda g: ReconstructionConfig(pose_tv=math.nan), ValueError, "pose_tv"),
     ],
 )  # fmt: skip

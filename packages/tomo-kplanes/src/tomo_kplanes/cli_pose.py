@@ -33,8 +33,15 @@ def add_pose_flags(parser: argparse.ArgumentParser, number, integer) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--lr-pose", type=number(0), metavar="LR", default=defaults.lr_pose,
-        help="Adam's learning rate of the pose",
+        help="Adam's learning rate of the shifts",
     )  # fmt: skip
+    parser.add_argument(
+        "--lr-tilt-axis",
+        type=number(0),
+        metavar="LR",
+        default=defaults.lr_tilt_axis,
+        help="Adam's learning rate of the tilt axis",
+    )
     parser.add_argument(
         "--pose-tv", type=number(0), metavar="W", default=defaults.pose_tv,
         help="weight of the shifts' total variation across tilts (0: off)",
@@ -77,6 +84,7 @@ def pose_config(args: argparse.Namespace) -> dict:
         "learn_shift": args.learn_shift,
         "learn_tilt_axis": args.learn_tilt_axis,
         "lr_pose": args.lr_pose,
+        "lr_tilt_axis": args.lr_tilt_axis,
         "pose_tv": args.pose_tv,
         "reference_tilt": args.reference_tilt,
     }

@@ -83,8 +83,12 @@ class ReconstructionConfig:
     learn_tilt_axis: bool = False
     #: one tilt-axis angle per tilt instead of one for the series
     per_tilt_axis: bool = False
-    #: Adam's rate for the pose (pixels and degrees a step at most, about)
+    #: Adam's rate for the shifts (pixels a step at most, about)
     lr_pose: float = 5e-2
+    #: Adam's rate for the tilt axis (degrees a step at most, about): its gradient is the weaker
+    #: and noisier one (a small turn moves only the pixels far from the centre), so it needs a
+    #: larger rate than the shifts to settle in a run's length
+    lr_tilt_axis: float = 0.2
     #: weight of the pose's total variation across tilts (0: off)
     pose_tv: float = 0.0
     #: the tilt whose shift holds the frame; ``None``: the one closest to 0 degrees
@@ -115,7 +119,7 @@ class ReconstructionConfig:
                 raise TypeError(
                     f"ReconstructionConfig.{name} must be a bool, got {type(getattr(self, name)).__name__}"
                 )
-        for name in ("lr_pose", "pose_tv"):
+        for name in ("lr_pose", "lr_tilt_axis", "pose_tv"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(
@@ -201,23 +205,26 @@ def build_object(config: ReconstructionConfig, device: torch.device | str) -> To
 def make_optimizer(
     field_model: nn.Module, config: ReconstructionConfig, pose: TiltPose | None = None
 ) -> torch.optim.Adam:
-    """Adam with one parameter group per role (planes, decoder, rotations, and the pose's learned
-    parameters when given), each its own rate; the fused (one kernel per step) implementation when
+    """Adam with one parameter group per role (planes, decoder, rotations, and the pose's shifts
+    and tilt axis when it learns them), each its own rate; the fused (one kernel per step) implementation when
     every parameter is on CUDA."""
     groups = dict(field_model.parameter_groups())
-    groups["pose"] = pose.learned_parameters() if pose is not None else []
+    learned = pose.learned_parameters() if pose is not None else []
+    groups["shifts"] = [p for p in learned if p is pose.shift_offsets]
+    groups["tilt_axis"] = [p for p in learned if p is pose.tilt_axis_offset]
     lrs = {
         "planes": config.lr_planes,
         "decoder": config.lr_decoder,
         "rotations": config.lr_rotations,
-        "pose": config.lr_pose,
+        "shifts": config.lr_pose,
+        "tilt_axis": config.lr_tilt_axis,
     }
     params = [p for k in groups for p in groups[k]]
     fused = bool(params) and all(p.is_cuda for p in params)
     return torch.optim.Adam(
         [
             {"params": groups[k], "lr": lrs[k], "name": k}
-            for k in ("planes", "decoder", "rotations", "pose")
+            for k in ("planes", "decoder", "rotations", "shifts", "tilt_axis")
             if groups[k]
         ],
         fused=fused,
