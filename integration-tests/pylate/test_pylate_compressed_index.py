@@ -14,8 +14,13 @@ from late_interaction_kernels.integrations.pylate_index import CompressedIndex  
 
 
 def _embeddings(gen, n, lo, hi, dim=16):
+    # non-negative unit vectors: every similarity is >= 0, as for a trained ColBERT encoder's. PyLate's
+    # rank.rerank pads documents with zero vectors it does not mask, so a query token whose every
+    # similarity is negative scores 0 there instead of its best (negative) similarity.
     return [
-        torch.nn.functional.normalize(torch.randn(int(torch.randint(lo, hi, (1,), generator=gen)), dim, generator=gen), dim=-1).numpy()
+        torch.nn.functional.normalize(
+            torch.randn(int(torch.randint(lo, hi, (1,), generator=gen)), dim, generator=gen).abs(), dim=-1
+        ).numpy()
         for _ in range(n)
     ]
 

@@ -55,6 +55,25 @@ SLOW_MACHINE_ENV = {
 }
 
 
+def _proxy_answers(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/-/healthz", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _start_serve(port: int) -> None:
+    """``serve.start``, waiting for the HTTP proxy as long as it takes to come up: Ray gives it a
+    fixed 60 s and raises ``TimeoutError`` (its controller running) when a busy machine starts it
+    later. Starting again connects to that controller; the proxy is then awaited by its route."""
+    options = {"host": "127.0.0.1", "port": port}
+    try:
+        serve.start(http_options=options)
+    except TimeoutError:
+        serve.start(http_options=options)
+        assert wait_for(lambda: _proxy_answers(port), timeout=READY_S), "the HTTP proxy never came up"
+
+
 @pytest.fixture(scope="module")
 def ray_url():
     for name, value in SLOW_MACHINE_ENV.items():
@@ -69,7 +88,7 @@ def ray_url():
     )
     try:
         port = free_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        _start_serve(port)
         serve.run(build_app(_options()), name=APP, route_prefix="/")
         url = f"http://127.0.0.1:{port}"
         assert wait_for(lambda: _health(url).get("replicas_ready") == 2, timeout=READY_S), _health(url)
