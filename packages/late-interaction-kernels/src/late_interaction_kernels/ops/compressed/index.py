@@ -330,12 +330,8 @@ class CompressedMaxSimIndex:
         """A small batch: every probed document's candidate score lands in a dense row per query
         and the candidates are its top ``n_candidates``: no candidate count crosses to the host,
         and the one synchronisation is the non-finite-query check at the end."""
-        ordered = probes.sort(dim=1).values
-        # a centroid probed by several query tokens is scored once
-        repeat = torch.zeros_like(ordered, dtype=torch.bool)
-        repeat[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
         approx = probed_centroid_scores(
-            qcs, ordered.masked_fill(repeat, -1), self.list_offsets, self.list_docs, self.codes,
+            qcs, ivf.distinct_probes(probes), self.list_offsets, self.list_docs, self.codes,
             self.doc_offsets, n_docs=self.n_slots, max_len=self.max_len, max_list=self._max_list,
             backend=backend,
         )  # fmt: skip

@@ -24,18 +24,24 @@ def build_lists(codes: torch.Tensor, doc_offsets: torch.Tensor, n_centroids: int
     return offsets, (key % max(n_docs, 1)).to(torch.int32)
 
 
+def distinct_probes(probes: torch.Tensor) -> torch.Tensor:
+    """``probes`` sorted along each row with every repeat of a centroid set to -1 (a centroid
+    probed by several query tokens is read once)."""
+    ordered = probes.sort(dim=1).values
+    repeat = torch.zeros_like(ordered, dtype=torch.bool)
+    repeat[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
+    return ordered.masked_fill(repeat, -1)
+
+
 def candidates(probes: torch.Tensor, list_offsets, list_docs, n_docs: int):
     """``(pair_query int32, pair_doc int32)`` sorted by query then document: for every query ``i``
     the documents of the lists of ``probes[i]`` (centroid ids; negative entries probe nothing),
     each once. Two host synchronisations: the size of the gathered lists and of the unique pairs."""
     width = probes.shape[1]
-    ordered = probes.sort(dim=1).values
-    # a centroid probed by several query tokens is read once
-    first = torch.ones_like(ordered, dtype=torch.bool)
-    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    ordered = distinct_probes(probes)
     centroid = ordered.clamp_min(0).reshape(-1)
     start = list_offsets[centroid]
-    length = torch.where(((ordered >= 0) & first).reshape(-1), list_offsets[centroid + 1] - start, 0)
+    length = torch.where((ordered >= 0).reshape(-1), list_offsets[centroid + 1] - start, 0)
     total = int(length.sum())
     owner = torch.repeat_interleave(torch.arange(length.shape[0], device=probes.device), length,
                                     output_size=total)  # fmt: skip
